@@ -1,0 +1,16 @@
+"""horovod_ext: cheap, hidden gradient communication for Horovod on PyTorch.
+
+    import horovod.torch as hvd
+    import horovod_ext as hx
+
+    hvd.init()
+    opt = hx.DistributedOptimizer(opt, model.named_parameters(),
+                                  compression=hx.Compression.global_qsgd(bits=8))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+"""
+from .compression import Compression, Compressor, NonFiniteGradientError
+from .optimizer import DistributedOptimizer
+from .stats import CommStats
+
+__all__ = ["DistributedOptimizer", "Compression", "Compressor", "NonFiniteGradientError", "CommStats"]
+__version__ = "0.1.0"

@@ -1,0 +1,54 @@
+"""Horovod collectives as used by the compressors, with byte accounting.
+
+Every collective a compressor issues goes through here, so what is counted as "handed to
+Horovod" is exactly what Horovod receives. All calls are asynchronous and return Horovod
+handles; compressors yield them to the optimizer's scheduler, which waits for them.
+"""
+from __future__ import annotations
+
+import torch
+import horovod.torch as hvd
+
+from .stats import CommStats
+
+
+class Communicator:
+    """Thin wrapper over ``horovod.torch`` collectives bound to a process set and a stats object."""
+
+    def __init__(self, process_set=hvd.global_process_set, stats: CommStats | None = None):
+        self.process_set = process_set
+        self.stats = stats if stats is not None else CommStats()
+
+    @property
+    def size(self) -> int:
+        return self.process_set.size()
+
+    @property
+    def rank(self) -> int:
+        return self.process_set.rank()
+
+    def _count(self, tensor: torch.Tensor) -> None:
+        self.stats.bytes_handed += tensor.numel() * tensor.element_size()
+        self.stats.collectives += 1
+
+    def allreduce_(self, tensor: torch.Tensor, name: str, op, prescale_factor: float = 1.0,
+                   postscale_factor: float = 1.0):
+        self._count(tensor)
+        return hvd.allreduce_async_(tensor, name=name, op=op, prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor, process_set=self.process_set)
+
+    def allgather(self, tensor: torch.Tensor, name: str):
+        self._count(tensor)
+        return hvd.allgather_async(tensor, name=name, process_set=self.process_set)
+
+    def alltoall(self, tensor: torch.Tensor, splits: torch.Tensor, name: str):
+        # The slice a worker sends to itself never leaves the process; count only the others.
+        own = int(splits[self.rank]) if splits.numel() else 0
+        per_row = tensor[0].numel() * tensor.element_size() if tensor.dim() > 1 else tensor.element_size()
+        self.stats.bytes_handed += (tensor.shape[0] - own) * per_row
+        self.stats.collectives += 1
+        return hvd.alltoall_async(tensor, splits=splits, name=name, process_set=self.process_set)
+
+    @staticmethod
+    def wait(handle):
+        return hvd.synchronize(handle)

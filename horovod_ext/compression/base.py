@@ -1,0 +1,102 @@
+"""The one interface every gradient codec plugs into.
+
+Horovod's own ``Compressor`` is two static functions around a single allreduce. Compressed
+allreduce needs more: several collectives per tensor (a global scale, then the payload), state per
+parameter name (error-feedback residuals), and sometimes a say in the parameter update (DEF). So a
+codec here is, like a PyTorch DDP communication hook, a function plus explicit state:
+
+``Compressor.reduce(grad, ctx)`` is a generator. It issues Horovod collectives through
+``ctx.comm`` and yields each handle; the optimizer's scheduler waits for the handle and sends the
+result back in. The generator's return value is the reduced gradient. Because every tensor's
+generator is advanced phase by phase, the phase-2 collectives of all tensors are in flight
+together, and phase 1 starts during backward, as soon as a gradient is ready.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from contextlib import contextmanager
+from typing import Any, Generator
+
+import torch
+import horovod.torch as hvd
+
+from ..communicator import Communicator
+
+Reduction = Generator[Any, Any, torch.Tensor]
+
+
+class NonFiniteGradientError(FloatingPointError):
+    """Raised on every worker when a gradient holds NaN or Inf and the codec cannot average it."""
+
+
+@dataclasses.dataclass
+class ReduceContext:
+    """Everything a codec may use while reducing one gradient tensor."""
+    name: str                 # unique, stable parameter name (the Horovod op name is derived from it)
+    state: dict               # this parameter's persistent codec state (residuals, step counters)
+    comm: Communicator
+    op: Any                   # hvd.Average or hvd.Sum
+    param: torch.Tensor | None = None
+    nonfinite: bool = False   # set by a codec when the global gradient is not finite
+
+    @property
+    def size(self) -> int:
+        return self.comm.size
+
+    @property
+    def average(self) -> bool:
+        return self.op == hvd.Average
+
+    def op_name(self, phase: str) -> str:
+        return f"hx.{self.name}.{phase}"
+
+    @contextmanager
+    def compressing(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.comm.stats.compress_s += time.perf_counter() - t0
+
+    @contextmanager
+    def decompressing(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.comm.stats.decompress_s += time.perf_counter() - t0
+
+
+class Compressor:
+    """Base class: configuration only; per-parameter state lives in ``ctx.state``."""
+
+    #: short identifier used in logs, benchmarks and JSON
+    label: str = "base"
+    #: ops this codec can reduce with
+    supported_ops = (hvd.Average, hvd.Sum)
+
+    def validate(self, world_size: int, op) -> None:
+        """Raise a clear error when this codec cannot serve ``world_size`` workers with ``op``."""
+        if op not in self.supported_ops:
+            raise ValueError(f"compression {self.label!r} supports op=hvd.Average or hvd.Sum, got {op!r}")
+
+    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> Reduction:  # pragma: no cover
+        raise NotImplementedError
+
+    # Hooks around the wrapped optimizer's step; only DEF uses them.
+    def before_step(self, param: torch.Tensor, state: dict, group: dict) -> None:
+        pass
+
+    def after_step(self, param: torch.Tensor, state: dict, group: dict) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.label}>"
+
+
+def scale_for_op(tensor: torch.Tensor, ctx: ReduceContext) -> torch.Tensor:
+    """Turn a sum over workers into what ``ctx.op`` asks for (in place)."""
+    if ctx.average and ctx.size > 1:
+        tensor.div_(ctx.size)
+    return tensor

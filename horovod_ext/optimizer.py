@@ -1,0 +1,225 @@
+"""``hx.DistributedOptimizer``: ``hvd.DistributedOptimizer`` with pluggable compressed allreduce.
+
+Like Horovod's optimizer it wraps the user's optimizer class (a dynamic subclass), starts each
+gradient's reduction from a hook as soon as backward has accumulated it, and waits in
+``synchronize()``/``step()``. Unlike it, a reduction may take several collectives (a codec is a
+generator of Horovod handles, see :mod:`horovod_ext.compression.base`), codecs keep state per
+parameter name, and ``comm_stats()`` reports what was handed to Horovod.
+"""
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+
+import torch
+import horovod.torch as hvd
+
+from .communicator import Communicator
+from .compression import Compression, Compressor, NonFiniteGradientError, ReduceContext
+from .stats import CommStats
+
+
+class _Reduction:
+    """One gradient's reduction in flight: the codec's generator and the handle it waits on."""
+    __slots__ = ("ctx", "gen", "handle", "result", "done")
+
+    def __init__(self, ctx: ReduceContext, gen):
+        self.ctx, self.gen, self.handle, self.result, self.done = ctx, gen, None, None, False
+
+    def advance(self, value=None, first: bool = False) -> None:
+        try:
+            self.handle = next(self.gen) if first else self.gen.send(value)
+        except StopIteration as stop:
+            self.result, self.done, self.handle = stop.value, True, None
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression: Compressor, backward_passes_per_step: int = 1,
+                 op=hvd.Average, process_set=hvd.global_process_set, pipeline: bool = False):
+        super(self.__class__, self).__init__(params)
+        if pipeline:
+            raise NotImplementedError("pipeline=True (Pipe-SGD) is not implemented yet")
+        if not isinstance(compression, Compressor):
+            raise TypeError(f"compression must be an hx.Compression codec (e.g. hx.Compression.fp16), "
+                            f"got {compression!r}")
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        self._compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.process_set = process_set
+        self._names = self._check_names(named_parameters)
+        compression.validate(process_set.size(), op)
+
+        self._step_stats = CommStats()
+        self._total_stats = CommStats()
+        self._last_stats = CommStats()
+        self._comm = Communicator(process_set, self._step_stats)
+        self._codec_state: dict[str, dict] = {name: {} for name in self._names.values()}
+        self._group_of = {p: g for g in self.param_groups for p in g["params"]}
+        self._pending: dict[torch.Tensor, _Reduction] = {}
+        self._delay = {p: backward_passes_per_step for p in self._names}
+        self._requires_update = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        self._synchronized = False
+        self._should_synchronize = True
+        self._nonfinite: list[str] = []
+        self._hooks = []
+        if process_set.included():
+            for p in self._requires_update:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+
+    # ------------------------------------------------------------------ set-up
+    def _check_names(self, named_parameters) -> dict:
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{i}.{j}", v) for i, group in enumerate(self.param_groups)
+                                for j, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
+                             "usually model.named_parameters()")
+        seen, dups = set(), set()
+        for name, _ in named_parameters:
+            (dups if name in seen else seen).add(name)
+        if dups:
+            raise ValueError(f"parameter names in named_parameters must be unique; duplicates: {sorted(dups)}")
+        all_ids = {id(v) for g in self.param_groups for v in g["params"]}
+        missing = all_ids - {id(v) for _, v in named_parameters}
+        if missing:
+            raise ValueError(f"named_parameters was given but {len(missing)} optimizer parameter(s) are not "
+                             f"named in it; pass model.named_parameters() of the model being optimized")
+        return {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0]) if id(v) in all_ids}
+
+    def _make_hook(self, p):
+        def hook(param):
+            if p in self._pending:
+                raise AssertionError("gradients were computed more than backward_passes_per_step times before "
+                                     "step(); increase backward_passes_per_step to accumulate gradients locally")
+            self._delay[p] -= 1
+            if self._delay[p] == 0:
+                self._start(p)
+        return hook
+
+    # ------------------------------------------------------------------ reduction
+    def _start(self, p) -> None:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        name = self._names[p]
+        ctx = ReduceContext(name=name, state=self._codec_state[name], comm=self._comm, op=self.op, param=p)
+        self._step_stats.gradient_elements += p.grad.numel()
+        red = _Reduction(ctx, self._compression.reduce(p.grad, ctx))
+        red.advance(first=True)
+        self._pending[p] = red
+
+    def _finish_all(self) -> None:
+        """Drive every pending reduction to completion, one phase of all of them at a time."""
+        active = [r for r in self._pending.values() if not r.done]
+        while active:
+            for red in active:
+                with self._step_stats.timing("wait_s"):
+                    out = Communicator.wait(red.handle)
+                red.advance(out)
+            active = [r for r in active if not r.done]
+
+    def synchronize(self) -> None:
+        """Wait for all gradient reductions and write the averaged gradients into ``p.grad``."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        for p in self._requires_update:
+            if p not in self._pending:
+                self._start(p)
+        self._finish_all()
+        for p, red in self._pending.items():
+            if red.ctx.nonfinite:
+                self._nonfinite.append(red.ctx.name)
+            out = red.result
+            if out is not p.grad:
+                p.grad.copy_(out)
+            self._delay[p] = self.backward_passes_per_step
+        self._pending.clear()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Use after an explicit ``synchronize()`` (e.g. to clip gradients) so step() does not wait again."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
+                              "optimizer.synchronize(); the gradients are reduced twice")
+            self.synchronize()
+        self._synchronized = False
+        try:
+            if self._nonfinite:
+                names, self._nonfinite = self._nonfinite, []
+                self._step_stats.skipped_steps += 1
+                if getattr(self._compression, "nonfinite", "raise") == "raise":
+                    raise NonFiniteGradientError(
+                        f"non-finite gradient (NaN or Inf) on at least one worker in {len(names)} tensor(s), "
+                        f"e.g. {names[:3]}; no worker applied this step. Lower the learning rate, clip "
+                        f"gradients, or use Compression.global_qsgd(nonfinite='skip') to skip such steps")
+                for p in self._requires_update:
+                    p.grad.zero_()
+                return None
+            for p in self._requires_update:
+                self._compression.before_step(p, self._codec_state[self._names[p]], self._group_of[p])
+            loss = super(self.__class__, self).step(closure)
+            for p in self._requires_update:
+                self._compression.after_step(p, self._codec_state[self._names[p]], self._group_of[p])
+            return loss
+        finally:
+            self._end_step_stats()
+
+    def _end_step_stats(self) -> None:
+        self._step_stats.steps = 1
+        self._last_stats = CommStats(**vars(self._step_stats))
+        self._total_stats.add(self._step_stats)
+        for k, v in vars(CommStats()).items():
+            setattr(self._step_stats, k, v)
+
+    def zero_grad(self, set_to_none: bool = True):
+        if self._pending:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(); that would drop gradients "
+                                 "whose reduction is in flight")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+    def load_state_dict(self, *args, **kwargs):
+        self._pending.clear()
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+        return super(self.__class__, self).load_state_dict(*args, **kwargs)
+
+    # ------------------------------------------------------------------ reporting / state
+    def comm_stats(self) -> dict:
+        """Communication cost: ``last`` step and ``total`` over all steps (see :class:`CommStats`)."""
+        return {"compression": self._compression.label, "workers": self.process_set.size(),
+                "last": self._last_stats.as_dict(), "total": self._total_stats.as_dict()}
+
+    def codec_state(self, name: str) -> dict:
+        """The codec's persistent state for one parameter name (e.g. its error-feedback residual)."""
+        return self._codec_state[name]
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
+                         compression: Compressor = Compression.none, backward_passes_per_step: int = 1,
+                         op=hvd.Average, process_set=hvd.global_process_set, pipeline: bool = False):
+    """Wrap ``optimizer`` so that gradients are averaged across Horovod workers, compressed by
+    ``compression``. A superset of ``hvd.DistributedOptimizer``: with ``Compression.none`` it issues
+    the same allreduces and produces bit-identical results.
+
+    Extras over Horovod's: ``zero_grad(set_to_none=True)`` works, ``comm_stats()``, codecs with
+    error feedback, NaN/Inf handling agreed by all workers.
+    """
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               process_set, pipeline)

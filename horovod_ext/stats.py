@@ -1,0 +1,47 @@
+"""What a step cost in communication: bytes handed to Horovod, bits per gradient element, codec time."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from contextlib import contextmanager
+
+
+@dataclasses.dataclass
+class CommStats:
+    """Counters for one optimizer step (``last``) and for the whole run (``total``).
+
+    ``bytes_handed`` counts the bytes of every tensor this worker passes to a Horovod collective
+    (allreduce, allgather, alltoall): what one worker contributes, before Horovod's own fusion.
+    ``bits_per_element`` divides that by the number of gradient elements reduced in the step.
+    """
+    steps: int = 0
+    bytes_handed: int = 0
+    gradient_elements: int = 0
+    collectives: int = 0
+    compress_s: float = 0.0
+    decompress_s: float = 0.0
+    wait_s: float = 0.0
+    skipped_steps: int = 0
+
+    @property
+    def bits_per_element(self) -> float:
+        return 8.0 * self.bytes_handed / self.gradient_elements if self.gradient_elements else 0.0
+
+    def add(self, other: "CommStats") -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["bits_per_element"] = self.bits_per_element
+        if self.steps:
+            d["bytes_per_step"] = self.bytes_handed / self.steps
+        return d
+
+    @contextmanager
+    def timing(self, field: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, field, getattr(self, field) + time.perf_counter() - t0)

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# One-step, idempotent set-up: a venv, the pinned Python packages, the Debian packages the
+# project uses, and Horovod 0.28.1 built from its PyPI source with the C++20 patch.
+# Both README commands (`make demo`, `make test`) run this first; a second run takes seconds.
+#
+# Environment knobs:
+#   HX_VENV                 venv folder (default: .venv in the repo root)
+#   HX_CACHE                cache folder outside the clone (default: ~/.cache/horovod_ext)
+#   HOROVOD_GPU_OPERATIONS  NCCL for a GPU cluster build (needs a CUDA toolkit); unset = CPU-only build
+#   HOROVOD_WITH_MPI=1      also build the MPI controller (needs mpicxx)
+#   HX_SKIP_APT=1           do not touch Debian packages (the speech synthesizers)
+set -euo pipefail
+
+T0=$(date +%s)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${HX_VENV:-$ROOT/.venv}
+CACHE=${HX_CACHE:-$HOME/.cache/horovod_ext}
+HOROVOD_VERSION=0.28.1
+TORCH_VERSION=2.14.1
+GPU_OPS=${HOROVOD_GPU_OPERATIONS:-}
+WITH_MPI=${HOROVOD_WITH_MPI:-0}
+APT_PACKAGES="espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox"
+
+say()  { printf '[setup] %s\n' "$*"; }
+die()  { printf '\n[setup] ERROR: %s\n' "$1" >&2; shift; for l in "$@"; do printf '[setup]   %s\n' "$l" >&2; done; exit 1; }
+need_cmd() { command -v "$1" >/dev/null 2>&1 || die "'$1' was not found on PATH." "$2"; }
+free_gb() { local d=$1; while [ ! -d "$d" ]; do d=$(dirname "$d"); done; df -Pk "$d" | awk 'NR==2{printf "%d", $4/1048576}'; }
+
+# ---------------------------------------------------------------- prerequisites
+PY=${PYTHON:-python3}
+need_cmd "$PY" "Install Python 3.10 or newer (Debian: apt-get install python3 python3-venv python3-dev)."
+PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+"$PY" -c 'import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 13) else 1)' \
+  || die "Python $PYVER found; this project needs Python 3.10 to 3.13 (torch $TORCH_VERSION wheels)." \
+         "Install one (Debian: apt-get install python3.11 python3.11-venv) and run: PYTHON=python3.11 make setup"
+"$PY" -c 'import venv, ensurepip' 2>/dev/null \
+  || die "Python $PYVER has no venv/ensurepip module." "Debian: apt-get install python3-venv"
+
+STAMP_KEY=$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" | sha256sum | cut -c1-16)-py$PYVER-gpu${GPU_OPS:-none}-mpi$WITH_MPI
+STAMP=$VENV/.hx-setup-stamp
+
+# ---------------------------------------------------------------- Debian packages
+if [ "${HX_SKIP_APT:-0}" != 1 ]; then
+  missing=""
+  for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+  if [ -n "$missing" ]; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    command -v apt-get >/dev/null 2>&1 || die "Debian packages missing:$missing, and apt-get is not available." \
+      "Install the speech synthesizers by hand, or set HX_SKIP_APT=1 to skip them (corpus synthesis will not work)."
+    say "installing Debian packages:$missing"
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing; } \
+      >"${TMPDIR:-/tmp}/hx-apt.log" 2>&1 \
+      || { tail -n 20 "${TMPDIR:-/tmp}/hx-apt.log" >&2; die "apt-get install failed (log: ${TMPDIR:-/tmp}/hx-apt.log)." \
+           "Run as root or with sudo, or set HX_SKIP_APT=1."; }
+  fi
+fi
+
+# ---------------------------------------------------------------- fast path
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_KEY" ] \
+   && "$VENV/bin/python" -c 'import horovod.torch, horovod_ext, asr' 2>/dev/null; then
+  say "venv $VENV is up to date"
+else
+  # ------------------------------------------------------------ venv + pinned packages
+  if [ ! -x "$VENV/bin/python" ]; then
+    [ "$(free_gb "$VENV")" -ge 8 ] || die "Only $(free_gb "$VENV") GB free where the venv goes ($VENV); torch needs about 8 GB." \
+      "Free some disk space, or put the venv elsewhere: HX_VENV=/bigdisk/venv make setup"
+    say "creating venv $VENV (python $PYVER)"
+    "$PY" -m venv "$VENV"
+  fi
+  PIP="$VENV/bin/python -m pip"
+  $PIP install -q --upgrade pip setuptools wheel packaging
+  say "installing pinned packages (torch $TORCH_VERSION is large: a few minutes the first time)"
+  $PIP install -q -e "$ROOT[test]" || die "pip could not install the project's pinned packages (see pip's message above)." \
+    "Check the network/package mirror, then run make setup again."
+
+  # ------------------------------------------------------------ Horovod wheel (cached outside the clone)
+  if ! "$VENV/bin/python" - <<PYEOF 2>/dev/null
+import horovod, horovod.torch, sys
+sys.exit(0 if horovod.__version__ == "$HOROVOD_VERSION" else 1)
+PYEOF
+  then
+    KEY="horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-py$PYVER-gpu-${GPU_OPS:-none}-mpi-$WITH_MPI"
+    WHEELDIR="$CACHE/wheels/$KEY"
+    if ! ls "$WHEELDIR"/horovod-*.whl >/dev/null 2>&1; then
+      say "building Horovod $HOROVOD_VERSION from source (about 5 minutes on 2 cores; cached as $KEY)"
+      need_cmd cmake "Install CMake >= 3.13 (Debian: apt-get install cmake; or: pip install cmake)."
+      need_cmd gcc   "Install a C/C++ compiler with C++20 support (Debian: apt-get install build-essential)."
+      need_cmd g++   "Install a C++ compiler with C++20 support (Debian: apt-get install g++)."
+      need_cmd make  "Install make (Debian: apt-get install make)."
+      gccmaj=$(g++ -dumpversion | cut -d. -f1)
+      [ "$gccmaj" -ge 10 ] || die "g++ $gccmaj is too old: PyTorch $TORCH_VERSION headers need C++20 (g++ >= 10)." "Debian: apt-get install g++-12"
+      "$VENV/bin/python" -c 'import sysconfig,os,sys; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)' \
+        || die "Python.h not found: the Python development headers are missing." "Debian: apt-get install python3-dev"
+      if [ -n "$GPU_OPS" ]; then need_cmd nvcc "HOROVOD_GPU_OPERATIONS=$GPU_OPS needs the CUDA toolkit (nvcc) and NCCL."; fi
+      if [ "$WITH_MPI" = 1 ]; then need_cmd mpicxx "HOROVOD_WITH_MPI=1 needs an MPI implementation (Debian: apt-get install libopenmpi-dev)."; fi
+      [ "$(free_gb "$CACHE")" -ge 2 ] || die "Only $(free_gb "$CACHE") GB free under $CACHE; building Horovod needs about 2 GB." \
+        "Free some space or set HX_CACHE to a folder on a larger disk."
+      BUILD=$(mktemp -d "${TMPDIR:-/tmp}/hx-horovod-build.XXXXXX")
+      LOG="$CACHE/build-$KEY.log"; mkdir -p "$CACHE"
+      $PIP install -q cloudpickle psutil pyyaml cffi
+      ( cd "$BUILD" && $PIP download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d . ) >"$LOG" 2>&1 \
+        || die "could not download the Horovod $HOROVOD_VERSION source from PyPI (log: $LOG)."
+      tar -xzf "$BUILD"/horovod-$HOROVOD_VERSION.tar.gz -C "$BUILD"
+      SRC="$BUILD/horovod-$HOROVOD_VERSION"
+      # The patch: PyTorch >= 2.14 headers need C++20 (Horovod forces C++14).
+      sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
+      grep -q 'set(CMAKE_CXX_STANDARD 20)' "$SRC/horovod/torch/CMakeLists.txt" || die "the C++20 patch did not apply to horovod/torch/CMakeLists.txt"
+      if [ -z "$GPU_OPS" ]; then
+        # CPU-only build with a CUDA build of torch: do not look for cudart.
+        sed -i 's/print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)/print(False)/' \
+          "$SRC/cmake/Modules/FindPytorch.cmake"
+        grep -q 'print(False)' "$SRC/cmake/Modules/FindPytorch.cmake" || die "the CPU-only patch did not apply to FindPytorch.cmake"
+      fi
+      export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1
+      if [ "$WITH_MPI" = 1 ]; then export HOROVOD_WITH_MPI=1; else export HOROVOD_WITHOUT_MPI=1; fi
+      if [ -n "$GPU_OPS" ]; then export HOROVOD_GPU_OPERATIONS=$GPU_OPS; else export HOROVOD_CPU_OPERATIONS=gloo; fi
+      export MAKEFLAGS=-j$(nproc)
+      mkdir -p "$BUILD/dist"
+      ( cd "$SRC" && $PIP wheel --no-build-isolation --no-deps -w "$BUILD/dist" . ) >>"$LOG" 2>&1 \
+        || { grep -E -m 15 'error|Error|CMake Error' "$LOG" >&2 || true
+             die "building Horovod failed; the full log is $LOG (the first error lines are above)."; }
+      mkdir -p "$WHEELDIR" && cp "$BUILD"/dist/horovod-*.whl "$WHEELDIR"/ && rm -rf "$BUILD"
+      say "built and cached $(ls "$WHEELDIR")"
+    else
+      say "using cached Horovod wheel $WHEELDIR"
+    fi
+    $PIP install -q --force-reinstall --no-deps "$WHEELDIR"/horovod-*.whl
+    $PIP install -q cloudpickle psutil pyyaml packaging
+  fi
+  echo "$STAMP_KEY" > "$STAMP"
+fi
+
+# ---------------------------------------------------------------- verify
+CHECK=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed:" "$CHECK"
+echo "$CHECK" | grep -q '\[X\] PyTorch' || die "Horovod was built without PyTorch support:" "$CHECK"
+echo "$CHECK" | grep -q '\[X\] Gloo'    || die "Horovod was built without Gloo:" "$CHECK"
+say "horovodrun --check-build: PyTorch and Gloo available"
+say "set-up took $(( $(date +%s) - T0 )) s (venv: $VENV)"
