@@ -10,7 +10,8 @@
 """
 from .compression import Compression, Compressor, NonFiniteGradientError
 from .optimizer import DistributedOptimizer
+from .reduction import allreduce
 from .stats import CommStats
 
-__all__ = ["DistributedOptimizer", "Compression", "Compressor", "NonFiniteGradientError", "CommStats"]
+__all__ = ["DistributedOptimizer", "allreduce", "Compression", "Compressor", "NonFiniteGradientError", "CommStats"]
 __version__ = "0.1.0"

@@ -16,21 +16,8 @@ import horovod.torch as hvd
 
 from .communicator import Communicator
 from .compression import Compression, Compressor, NonFiniteGradientError, ReduceContext
+from .reduction import Reduction, complete
 from .stats import CommStats
-
-
-class _Reduction:
-    """One gradient's reduction in flight: the codec's generator and the handle it waits on."""
-    __slots__ = ("ctx", "gen", "handle", "result", "done")
-
-    def __init__(self, ctx: ReduceContext, gen):
-        self.ctx, self.gen, self.handle, self.result, self.done = ctx, gen, None, None, False
-
-    def advance(self, value=None, first: bool = False) -> None:
-        try:
-            self.handle = next(self.gen) if first else self.gen.send(value)
-        except StopIteration as stop:
-            self.result, self.done, self.handle = stop.value, True, None
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -57,7 +44,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._comm = Communicator(process_set, self._step_stats)
         self._codec_state: dict[str, dict] = {name: {} for name in self._names.values()}
         self._group_of = {p: g for g in self.param_groups for p in g["params"]}
-        self._pending: dict[torch.Tensor, _Reduction] = {}
+        self._pending: dict[torch.Tensor, Reduction] = {}
         self._delay = {p: backward_passes_per_step for p in self._names}
         self._requires_update = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         self._synchronized = False
@@ -107,19 +94,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         name = self._names[p]
         ctx = ReduceContext(name=name, state=self._codec_state[name], comm=self._comm, op=self.op, param=p)
         self._step_stats.gradient_elements += p.grad.numel()
-        red = _Reduction(ctx, self._compression.reduce(p.grad, ctx))
-        red.advance(first=True)
-        self._pending[p] = red
-
-    def _finish_all(self) -> None:
-        """Drive every pending reduction to completion, one phase of all of them at a time."""
-        active = [r for r in self._pending.values() if not r.done]
-        while active:
-            for red in active:
-                with self._step_stats.timing("wait_s"):
-                    out = Communicator.wait(red.handle)
-                red.advance(out)
-            active = [r for r in active if not r.done]
+        self._pending[p] = Reduction(self._compression, p.grad, ctx)
 
     def synchronize(self) -> None:
         """Wait for all gradient reductions and write the averaged gradients into ``p.grad``."""
@@ -129,7 +104,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._requires_update:
             if p not in self._pending:
                 self._start(p)
-        self._finish_all()
+        complete(self._pending.values())
         for p, red in self._pending.items():
             if red.ctx.nonfinite:
                 self._nonfinite.append(red.ctx.name)

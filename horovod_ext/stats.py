@@ -18,6 +18,9 @@ class CommStats:
     bytes_handed: int = 0
     gradient_elements: int = 0
     collectives: int = 0
+    allreduce_calls: int = 0
+    allgather_calls: int = 0
+    alltoall_calls: int = 0
     compress_s: float = 0.0
     decompress_s: float = 0.0
     wait_s: float = 0.0

@@ -12,8 +12,6 @@ Per worker the error of an element is below s/m, hence so is the error of the av
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import horovod.torch as hvd
 
@@ -69,21 +67,18 @@ class GlobalQSGD(Compressor):
             words = torch.zeros(packing.packed_words(flat.numel(), self.bits), dtype=torch.int64)
             yield ctx.comm.allreduce_(words, name=ctx.op_name("q"), op=hvd.Sum)
             return torch.zeros_like(grad)
+        # fp32 arithmetic unless the scale is so small or large that m/s or s/m leaves fp32's normal range
+        work = torch.float32 if 1e-30 < scale < 1e30 else torch.float64
         with ctx.compressing():
-            v = flat.to(torch.float32)
-            factor = m / scale
-            if math.isfinite(factor):
-                v = v * factor
-            else:  # subnormal scale: m / s overflows, divide instead
-                v = v / scale * m
-            noise = torch.rand(v.shape, generator=self._generator(ctx, v.device), dtype=torch.float32)
+            v = flat.to(work).mul_(m / scale)
+            noise = torch.rand(v.shape, generator=self._generator(ctx, v.device), dtype=work)
             q = v.add_(noise).floor_().clamp_(-m, m)
             words = packing.pack(q, self.bits, m)
         total = yield ctx.comm.allreduce_(words, name=ctx.op_name("q"), op=hvd.Sum)
         with ctx.decompressing():
             sums = packing.unpack(total, self.bits, m, n, flat.numel())
             denom = m * (n if ctx.average else 1)
-            out = sums.to(torch.float32).mul_(scale / denom)
+            out = sums.to(work).mul_(scale / denom)
             return out.to(grad.dtype).view_as(grad)
 
 

@@ -1,0 +1,1 @@
+"""Corpus preparation: manifests, offline synthesis, importers, tokenizer, statistics."""

@@ -1,0 +1,1 @@
+"""Benchmarks (commands, not tests): convergence of each codec, and (later) step time on shaped networks."""

@@ -1,0 +1,77 @@
+"""The public API and its errors, in one process (Horovod initialised with size 1)."""
+import pytest
+import torch
+import horovod.torch as hvd
+
+import horovod_ext as hx
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod_single():
+    hvd.init()
+    yield
+
+
+def test_from_spec_round_trip():
+    assert hx.Compression.from_spec("none") is hx.Compression.none
+    assert hx.Compression.from_spec("global_qsgd4").bits == 4
+    assert hx.Compression.from_spec("topk0.01-imp").importance
+    assert not hx.Compression.from_spec("random_block0.1-ef").detached
+    with pytest.raises(ValueError, match="unknown compression 'zip'"):
+        hx.Compression.from_spec("zip")
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="ratio must be in"):
+        hx.Compression.topk(0.0)
+    with pytest.raises(ValueError, match="bits must be one of"):
+        hx.Compression.global_qsgd(3)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(TypeError, match="hx.Compression codec"):
+        hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                compression=hvd.Compression.fp16)
+    with pytest.raises(ValueError, match="unique"):
+        hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                [("w", model.weight), ("w", model.bias)])
+    with pytest.raises(ValueError, match="supports op=hvd.Average or hvd.Sum"):
+        hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                compression=hx.Compression.fp16, op=hvd.Adasum)
+
+
+def test_optimizer_keeps_class_and_hyperparameters():
+    model = torch.nn.Linear(3, 1)
+    opt = hx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=3e-4), model.named_parameters(),
+                                  compression=hx.Compression.bf16)
+    assert isinstance(opt, torch.optim.Adam)
+    assert opt.param_groups[0]["lr"] == 3e-4
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    assert model.weight.grad is None
+    stats = opt.comm_stats()
+    assert stats["compression"] == "bf16" and stats["total"]["steps"] == 1
+
+
+def test_zero_grad_while_in_flight_is_an_error():
+    model = torch.nn.Linear(3, 1)
+    opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    with pytest.raises(AssertionError, match="before optimizer.step"):
+        opt.zero_grad()
+    opt.step()
+
+
+def test_backward_passes_per_step_accumulates():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1, bias=False)
+    w0 = model.weight.detach().clone()
+    opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), model.named_parameters(),
+                                  backward_passes_per_step=2)
+    model(torch.ones(1, 3)).sum().backward()
+    model(2 * torch.ones(1, 3)).sum().backward()
+    opt.step()
+    assert torch.allclose(w0 - model.weight.detach(), torch.full((1, 3), 3.0))
+    model(torch.ones(1, 3)).sum().backward()
+    model(torch.ones(1, 3)).sum().backward()
+    with pytest.raises(AssertionError, match="backward_passes_per_step"):
+        model(torch.ones(1, 3)).sum().backward()

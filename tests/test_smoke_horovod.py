@@ -1,0 +1,23 @@
+"""Issue 2: a real Horovod job across 2 and 4 processes (Gloo on localhost)."""
+import pytest
+
+from tests.horovod_harness import run_horovod
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("np_", [2, 4])
+def test_allreduce_and_optimizer_step(np_):
+    reports = run_horovod("workers/smoke.py", np=np_)
+    n = np_
+    for rep in reports:
+        assert rep["size"] == n
+        assert rep["sum"] == [n * (n + 1) / 2, 2.0 * n * (n - 1) / 2]
+        assert rep["max"] == [n - 1.0, 0.0]
+        assert rep["update"] == pytest.approx([(n + 1) / 2] * 4)
+
+
+def test_harness_shows_every_rank_on_failure(tmp_path):
+    proc, logs = run_horovod("workers/fail_on_rank1.py", np=2, expect_failure=True, timeout=120)
+    assert proc.returncode != 0
+    assert "rank 1 stderr" in logs and "deliberate failure on rank 1" in logs
+    assert "rank 0 stdout" in logs
