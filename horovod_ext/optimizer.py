@@ -1,10 +1,18 @@
-"""``hx.DistributedOptimizer``: ``hvd.DistributedOptimizer`` with pluggable compressed allreduce.
+"""``hx.DistributedOptimizer``: ``hvd.DistributedOptimizer`` with compressed and pipelined allreduce.
 
-Like Horovod's optimizer it wraps the user's optimizer class (a dynamic subclass), starts each
-gradient's reduction from a hook as soon as backward has accumulated it, and waits in
-``synchronize()``/``step()``. Unlike it, a reduction may take several collectives (a codec is a
-generator of Horovod handles, see :mod:`horovod_ext.compression.base`), codecs keep state per
-parameter name, and ``comm_stats()`` reports what was handed to Horovod.
+Like Horovod's optimizer it wraps the user's optimizer class (a dynamic subclass) and starts each
+gradient's reduction from a hook as soon as backward has accumulated it. Unlike it:
+
+* a reduction may take several collectives (a codec is a generator of Horovod handles, see
+  :mod:`horovod_ext.compression.base`), advanced by a background driver thread as they finish, so
+  compress, communicate and decompress of early gradients proceed while backward computes the rest;
+* codecs keep state per parameter name (error-feedback residuals), which survives ``zero_grad``;
+* ``pipeline=True`` is Pipe-SGD with pipeline width 2: the reduction of step t's gradients runs
+  while step t+1 computes, and step t+1 applies them (one step stale). Step 0 is synchronous, so
+  step 1 has nothing left to apply and leaves the parameters as they are; from step 2 on, step t
+  applies the gradients of step t-1. ``flush()`` applies what is in flight (call it at epoch end,
+  before checkpoints and evaluation), so every gradient is applied exactly once;
+* ``comm_stats()`` reports what was handed to Horovod and how long the training thread waited.
 """
 from __future__ import annotations
 
@@ -16,16 +24,15 @@ import horovod.torch as hvd
 
 from .communicator import Communicator
 from .compression import Compression, Compressor, NonFiniteGradientError, ReduceContext
-from .reduction import Reduction, complete
+from .reduction import Driver, Reduction, complete
 from .stats import CommStats
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression: Compressor, backward_passes_per_step: int = 1,
-                 op=hvd.Average, process_set=hvd.global_process_set, pipeline: bool = False):
+                 op=hvd.Average, process_set=hvd.global_process_set, pipeline: bool = False,
+                 overlap: bool = True):
         super(self.__class__, self).__init__(params)
-        if pipeline:
-            raise NotImplementedError("pipeline=True (Pipe-SGD) is not implemented yet")
         if not isinstance(compression, Compressor):
             raise TypeError(f"compression must be an hx.Compression codec (e.g. hx.Compression.fp16), "
                             f"got {compression!r}")
@@ -35,6 +42,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.process_set = process_set
+        self.pipeline = bool(pipeline)
         self._names = self._check_names(named_parameters)
         compression.validate(process_set.size(), op)
 
@@ -42,14 +50,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._total_stats = CommStats()
         self._last_stats = CommStats()
         self._comm = Communicator(process_set, self._step_stats)
+        self._driver = Driver() if (overlap or pipeline) else None
         self._codec_state: dict[str, dict] = {name: {} for name in self._names.values()}
         self._group_of = {p: g for g in self.param_groups for p in g["params"]}
-        self._pending: dict[torch.Tensor, Reduction] = {}
+        self._pending: dict[torch.Tensor, Reduction] = {}     # started during the current backward
+        self._inflight: dict[torch.Tensor, Reduction] = {}    # pipeline: last step's, applied next step
+        self._steps_taken = 0
+        self._ready_count = 0          # reductions written into p.grad by the last synchronize()
+        self._ready_nonfinite: list[str] = []
         self._delay = {p: backward_passes_per_step for p in self._names}
         self._requires_update = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         self._synchronized = False
         self._should_synchronize = True
-        self._nonfinite: list[str] = []
         self._hooks = []
         if process_set.included():
             for p in self._requires_update:
@@ -92,27 +104,60 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         name = self._names[p]
-        ctx = ReduceContext(name=name, state=self._codec_state[name], comm=self._comm, op=self.op, param=p)
-        self._step_stats.gradient_elements += p.grad.numel()
-        self._pending[p] = Reduction(self._compression, p.grad, ctx)
+        slot = self._steps_taken % 2 if self.pipeline else None
+        # Pipelined, the user zeroes p.grad and runs the next backward while this reduction is in
+        # flight: reduce a snapshot.
+        grad = p.grad.detach().clone() if self.pipeline else p.grad
+        ctx = ReduceContext(name=name, state=self._codec_state[name], comm=self._comm, op=self.op, param=p,
+                            slot=slot)
+        self._step_stats.gradient_elements += grad.numel()
+        red = Reduction(self._compression, grad, ctx)
+        self._pending[p] = red
+        self._delay[p] = self.backward_passes_per_step
+        if self._driver is not None:
+            self._driver.submit(red)
 
-    def synchronize(self) -> None:
-        """Wait for all gradient reductions and write the averaged gradients into ``p.grad``."""
-        if not self.process_set.included():
-            self._synchronized = True
-            return
+    def _wait(self, reductions: dict) -> None:
+        with self._step_stats.timing("wait_s"):
+            if self._driver is not None:
+                self._driver.wait(reductions.values())
+            else:
+                complete(reductions.values())
+
+    def _start_missing(self) -> None:
         for p in self._requires_update:
             if p not in self._pending:
                 self._start(p)
-        complete(self._pending.values())
-        for p, red in self._pending.items():
+
+    def _write_grads(self, reductions: dict) -> list[str]:
+        """Copy reduced gradients into ``p.grad``; return the names a codec found non-finite."""
+        nonfinite = []
+        for p, red in reductions.items():
             if red.ctx.nonfinite:
-                self._nonfinite.append(red.ctx.name)
+                nonfinite.append(red.ctx.name)
             out = red.result
-            if out is not p.grad:
+            if p.grad is None:
+                p.grad = out.clone()
+            elif out is not p.grad:
                 p.grad.copy_(out)
-            self._delay[p] = self.backward_passes_per_step
-        self._pending.clear()
+        return nonfinite
+
+    def synchronize(self) -> None:
+        """Wait for the gradient reductions and write the averaged gradients into ``p.grad``.
+
+        Not pipelined: this step's gradients. Pipelined: the previous step's (this step's stay in
+        flight); on the first step, this step's."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        self._start_missing()
+        if self.pipeline and self._steps_taken > 0:
+            ready, self._inflight, self._pending = self._inflight, self._pending, {}
+        else:
+            ready, self._pending = self._pending, {}
+        self._wait(ready)
+        self._ready_nonfinite = self._write_grads(ready)
+        self._ready_count = len(ready)
         self._synchronized = True
 
     @contextmanager
@@ -132,42 +177,74 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         self._synchronized = False
         try:
-            if self._nonfinite:
-                names, self._nonfinite = self._nonfinite, []
-                self._step_stats.skipped_steps += 1
-                if getattr(self._compression, "nonfinite", "raise") == "raise":
-                    raise NonFiniteGradientError(
-                        f"non-finite gradient (NaN or Inf) on at least one worker in {len(names)} tensor(s), "
-                        f"e.g. {names[:3]}; no worker applied this step. Lower the learning rate, clip "
-                        f"gradients, or use Compression.global_qsgd(nonfinite='skip') to skip such steps")
-                for p in self._requires_update:
-                    p.grad.zero_()
-                return None
-            for p in self._requires_update:
-                self._compression.before_step(p, self._codec_state[self._names[p]], self._group_of[p])
-            loss = super(self.__class__, self).step(closure)
-            for p in self._requires_update:
-                self._compression.after_step(p, self._codec_state[self._names[p]], self._group_of[p])
-            return loss
+            if not self.process_set.included():
+                return super(self.__class__, self).step(closure)
+            if self._ready_count == 0:
+                return None          # pipelined step 1: step 0's gradients were applied synchronously
+            return self._apply(closure)
         finally:
+            self._steps_taken += 1
             self._end_step_stats()
 
-    def _end_step_stats(self) -> None:
-        self._step_stats.steps = 1
+    def _apply(self, closure=None):
+        names, self._ready_nonfinite = self._ready_nonfinite, []
+        if names:
+            self._step_stats.skipped_steps += 1
+            for p in self._requires_update:
+                if p.grad is not None:
+                    p.grad.zero_()
+            if getattr(self._compression, "nonfinite", "raise") == "raise":
+                raise NonFiniteGradientError(
+                    f"non-finite gradient (NaN or Inf) on at least one worker in {len(names)} tensor(s), "
+                    f"e.g. {names[:3]}; no worker applied this step. Lower the learning rate, clip "
+                    f"gradients, or use Compression.global_qsgd(nonfinite='skip') to skip such steps")
+            return None
+        for p in self._requires_update:
+            self._compression.before_step(p, self._codec_state[self._names[p]], self._group_of[p])
+        loss = super(self.__class__, self).step(closure)
+        for p in self._requires_update:
+            self._compression.after_step(p, self._codec_state[self._names[p]], self._group_of[p])
+        return loss
+
+    def flush(self):
+        """Pipelined: wait for the gradients still in flight and apply them (a no-op otherwise).
+
+        Call at epoch end, before saving a checkpoint or evaluating, so no gradient is lost. The
+        gradients of the current backward (if step() was not called yet) are left alone."""
+        if not self.pipeline or not self._inflight:
+            return None
+        ready, self._inflight = self._inflight, {}
+        saved = {p: p.grad for p in self._requires_update}
+        for p in ready:
+            p.grad = torch.zeros_like(p)
+        self._wait(ready)
+        self._ready_nonfinite = self._write_grads(ready)
+        try:
+            return self._apply()
+        finally:
+            for p, g in saved.items():
+                p.grad = g
+            self._end_step_stats(count_step=False)
+
+    def _end_step_stats(self, count_step: bool = True) -> None:
+        self._step_stats.steps = 1 if count_step else 0
         self._last_stats = CommStats(**vars(self._step_stats))
         self._total_stats.add(self._step_stats)
         for k, v in vars(CommStats()).items():
             setattr(self._step_stats, k, v)
 
     def zero_grad(self, set_to_none: bool = True):
-        if self._pending:
+        if self._pending and not self.pipeline:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(); that would drop gradients "
                                  "whose reduction is in flight")
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
     def load_state_dict(self, *args, **kwargs):
+        if self._pending or self._inflight:
+            self._wait({**self._pending, **self._inflight})
         self._pending.clear()
+        self._inflight.clear()
         self._synchronized = False
         self._should_synchronize = True
         for p in self._delay:
@@ -178,7 +255,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def comm_stats(self) -> dict:
         """Communication cost: ``last`` step and ``total`` over all steps (see :class:`CommStats`)."""
         return {"compression": self._compression.label, "workers": self.process_set.size(),
-                "last": self._last_stats.as_dict(), "total": self._total_stats.as_dict()}
+                "pipeline": self.pipeline, "last": self._last_stats.as_dict(),
+                "total": self._total_stats.as_dict()}
 
     def codec_state(self, name: str) -> dict:
         """The codec's persistent state for one parameter name (e.g. its error-feedback residual)."""
@@ -187,14 +265,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
                          compression: Compressor = Compression.none, backward_passes_per_step: int = 1,
-                         op=hvd.Average, process_set=hvd.global_process_set, pipeline: bool = False):
+                         op=hvd.Average, process_set=hvd.global_process_set, pipeline: bool = False,
+                         overlap: bool = True):
     """Wrap ``optimizer`` so that gradients are averaged across Horovod workers, compressed by
-    ``compression``. A superset of ``hvd.DistributedOptimizer``: with ``Compression.none`` it issues
-    the same allreduces and produces bit-identical results.
+    ``compression``. A superset of ``hvd.DistributedOptimizer``: with ``Compression.none`` (and
+    ``pipeline=False``) it issues the same allreduces and produces bit-identical results.
 
-    Extras over Horovod's: ``zero_grad(set_to_none=True)`` works, ``comm_stats()``, codecs with
-    error feedback, NaN/Inf handling agreed by all workers.
+    ``pipeline=True``: Pipe-SGD, updates one step stale (see the module docstring); call
+    ``flush()`` before checkpoints and evaluation. ``overlap`` (default on) advances multi-phase
+    codecs from a background thread while backward runs.
     """
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               process_set, pipeline)
+               process_set, pipeline, overlap)

@@ -1,6 +1,10 @@
-"""Driving codec generators: one reduction in flight, a phase-by-phase scheduler, and
-``hx.allreduce`` (a compressed allreduce of one tensor, outside any optimizer)."""
+"""Driving codec generators: one reduction in flight, a phase-by-phase scheduler, a background
+driver that advances reductions while the training thread computes, and ``hx.allreduce``
+(a compressed allreduce of one tensor, outside any optimizer)."""
 from __future__ import annotations
+
+import collections
+import threading
 
 import horovod.torch as hvd
 import torch
@@ -11,10 +15,11 @@ from .compression import Compression, Compressor, NonFiniteGradientError, Reduce
 
 class Reduction:
     """One tensor's reduction in flight: the codec's generator and the Horovod handle it waits on."""
-    __slots__ = ("ctx", "gen", "handle", "result", "done")
+    __slots__ = ("ctx", "gen", "handle", "result", "done", "error")
 
     def __init__(self, codec: Compressor, tensor: torch.Tensor, ctx: ReduceContext):
         self.ctx, self.gen, self.handle, self.result, self.done = ctx, codec.reduce(tensor, ctx), None, None, False
+        self.error = None
         self._advance(first=True)
 
     def _advance(self, value=None, first: bool = False) -> None:
@@ -29,6 +34,52 @@ class Reduction:
         with stats.timing("wait_s"):
             out = Communicator.wait(self.handle)
         self._advance(out)
+
+
+class Driver:
+    """A background thread that advances reductions as their collectives finish.
+
+    The training thread runs each codec's first phase (compress, enqueue) from the backward hook and
+    hands the reduction over; this thread waits on Horovod handles (Horovod waits without the GIL),
+    decompresses and issues later phases, round-robin, so communication and codec work of step t
+    proceed while the training thread computes backward (and, with pipelining, step t+1).
+    """
+
+    def __init__(self):
+        self._queue: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="hx-driver", daemon=True)
+        self._thread.start()
+
+    def submit(self, red: Reduction) -> None:
+        with self._cond:
+            self._queue.append(red)
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                red = self._queue.popleft()
+            try:
+                if not red.done:
+                    red.step()
+            except BaseException as err:   # surfaced in the training thread by wait()
+                red.error, red.done = err, True
+            with self._cond:
+                if not red.done:
+                    self._queue.append(red)
+                self._cond.notify_all()
+
+    def wait(self, reductions) -> None:
+        """Block until every reduction is done; re-raise the first error a codec or Horovod raised."""
+        reds = list(reductions)
+        with self._cond:
+            self._cond.wait_for(lambda: all(r.done for r in reds))
+        for r in reds:
+            if r.error is not None:
+                raise r.error
 
 
 def complete(reductions) -> None:

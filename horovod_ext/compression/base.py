@@ -39,6 +39,7 @@ class ReduceContext:
     op: Any                   # hvd.Average or hvd.Sum
     param: torch.Tensor | None = None
     nonfinite: bool = False   # set by a codec when the global gradient is not finite
+    slot: int | None = None   # pipeline slot: two steps in flight need distinct Horovod op names
 
     @property
     def size(self) -> int:
@@ -48,8 +49,13 @@ class ReduceContext:
     def average(self) -> bool:
         return self.op == hvd.Average
 
+    @property
+    def key(self) -> str:
+        """Unique Horovod op name for this tensor in this slot (the plain name when not pipelined)."""
+        return self.name if self.slot is None else f"{self.name}@{self.slot}"
+
     def op_name(self, phase: str) -> str:
-        return f"hx.{self.name}.{phase}"
+        return f"hx.{self.key}.{phase}"
 
     @contextmanager
     def compressing(self):

@@ -13,7 +13,7 @@ class NoCompression(Compressor):
     supported_ops = (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product)
 
     def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> Reduction:
-        out = yield ctx.comm.allreduce_(grad, name=ctx.name, op=ctx.op)
+        out = yield ctx.comm.allreduce_(grad, name=ctx.key, op=ctx.op)
         return out
 
 
