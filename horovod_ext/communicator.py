@@ -28,25 +28,29 @@ class Communicator:
         return self.process_set.rank()
 
     def _count(self, tensor: torch.Tensor, kind: str) -> None:
-        self.stats.bytes_handed += tensor.numel() * tensor.element_size()
+        nbytes = tensor.numel() * tensor.element_size()
+        self.stats.bytes_handed += nbytes
         self.stats.collectives += 1
-        setattr(self.stats, kind, getattr(self.stats, kind) + 1)
+        setattr(self.stats, f"{kind}_calls", getattr(self.stats, f"{kind}_calls") + 1)
+        setattr(self.stats, f"bytes_{kind}", getattr(self.stats, f"bytes_{kind}") + nbytes)
 
     def allreduce_(self, tensor: torch.Tensor, name: str, op, prescale_factor: float = 1.0,
                    postscale_factor: float = 1.0):
-        self._count(tensor, "allreduce_calls")
+        self._count(tensor, "allreduce")
         return hvd.allreduce_async_(tensor, name=name, op=op, prescale_factor=prescale_factor,
                                     postscale_factor=postscale_factor, process_set=self.process_set)
 
     def allgather(self, tensor: torch.Tensor, name: str):
-        self._count(tensor, "allgather_calls")
+        self._count(tensor, "allgather")
         return hvd.allgather_async(tensor, name=name, process_set=self.process_set)
 
     def alltoall(self, tensor: torch.Tensor, splits: torch.Tensor, name: str):
         # The slice a worker sends to itself never leaves the process; count only the others.
         own = int(splits[self.rank]) if splits.numel() else 0
         per_row = tensor[0].numel() * tensor.element_size() if tensor.dim() > 1 else tensor.element_size()
-        self.stats.bytes_handed += (tensor.shape[0] - own) * per_row
+        nbytes = (tensor.shape[0] - own) * per_row
+        self.stats.bytes_handed += nbytes
+        self.stats.bytes_alltoall += nbytes
         self.stats.collectives += 1
         self.stats.alltoall_calls += 1
         return hvd.alltoall_async(tensor, splits=splits, name=name, process_set=self.process_set)

@@ -21,6 +21,9 @@ class CommStats:
     allreduce_calls: int = 0
     allgather_calls: int = 0
     alltoall_calls: int = 0
+    bytes_allreduce: int = 0
+    bytes_allgather: int = 0
+    bytes_alltoall: int = 0
     compress_s: float = 0.0
     decompress_s: float = 0.0
     wait_s: float = 0.0
@@ -29,6 +32,13 @@ class CommStats:
     @property
     def bits_per_element(self) -> float:
         return 8.0 * self.bytes_handed / self.gradient_elements if self.gradient_elements else 0.0
+
+    def wire_bytes(self, workers: int) -> float:
+        """Bytes one worker sends on the wire for these collectives, by the textbook cost of each:
+        ring allreduce 2(n-1)/n of its input, allgather (n-1)/n of the gathered result, alltoall
+        what it sends to the others."""
+        n = max(workers, 1)
+        return (2 * (n - 1) / n * self.bytes_allreduce + (n - 1) * self.bytes_allgather + self.bytes_alltoall)
 
     def add(self, other: "CommStats") -> None:
         for f in dataclasses.fields(self):
