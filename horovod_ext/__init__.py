@@ -8,10 +8,11 @@
                                   compression=hx.Compression.global_qsgd(bits=8))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 """
+from .adaptive import Adaptive
 from .compression import Compression, Compressor, NonFiniteGradientError
 from .optimizer import DistributedOptimizer
 from .reduction import allreduce
 from .stats import CommStats
 
-__all__ = ["DistributedOptimizer", "allreduce", "Compression", "Compressor", "NonFiniteGradientError", "CommStats"]
+__all__ = ["DistributedOptimizer", "allreduce", "Adaptive", "Compression", "Compressor", "NonFiniteGradientError", "CommStats"]
 __version__ = "0.1.0"

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import torch
 import horovod.torch as hvd
 
+from .adaptive import Adaptive
 from .communicator import Communicator
 from .compression import Compression, Compressor, NonFiniteGradientError, ReduceContext
 from .reduction import Driver, Reduction, complete
@@ -31,7 +32,7 @@ from .stats import CommStats
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression: Compressor, backward_passes_per_step: int = 1,
                  op=hvd.Average, process_set=hvd.global_process_set, pipeline: bool = False,
-                 overlap: bool = True):
+                 overlap: bool = True, adaptive=True):
         super(self.__class__, self).__init__(params)
         if not isinstance(compression, Compressor):
             raise TypeError(f"compression must be an hx.Compression codec (e.g. hx.Compression.fp16), "
@@ -39,6 +40,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self._compression = compression
+        if isinstance(adaptive, Adaptive):
+            self.adaptive = adaptive
+        else:
+            self.adaptive = Adaptive(enabled=bool(adaptive) and compression is not Compression.none)
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.process_set = process_set
@@ -108,10 +113,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Pipelined, the user zeroes p.grad and runs the next backward while this reduction is in
         # flight: reduce a snapshot.
         grad = p.grad.detach().clone() if self.pipeline else p.grad
-        ctx = ReduceContext(name=name, state=self._codec_state[name], comm=self._comm, op=self.op, param=p,
-                            slot=slot)
+        state = self._codec_state[name]
+        codec = self._compression
+        if not self.adaptive.uses_codec(grad.numel()):
+            codec = Compression.none
+            if "residual" in state:      # compression was switched off: send what error feedback held back
+                grad = grad + state.pop("residual").view_as(grad).to(grad.dtype)
+        else:
+            self._step_stats.compressed_elements += grad.numel()
+        ctx = ReduceContext(name=name, state=state, comm=self._comm, op=self.op, param=p, slot=slot)
         self._step_stats.gradient_elements += grad.numel()
-        red = Reduction(self._compression, grad, ctx)
+        red = Reduction(codec, grad, ctx)
         self._pending[p] = red
         self._delay[p] = self.backward_passes_per_step
         if self._driver is not None:
@@ -185,6 +197,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._steps_taken += 1
             self._end_step_stats()
+            if (self.adaptive.enabled and not self.adaptive.decided
+                    and self._steps_taken >= self.adaptive.measure_steps):
+                self._decide_adaptive()
 
     def _apply(self, closure=None):
         names, self._ready_nonfinite = self._ready_nonfinite, []
@@ -205,6 +220,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._requires_update:
             self._compression.after_step(p, self._codec_state[self._names[p]], self._group_of[p])
         return loss
+
+    def _decide_adaptive(self) -> None:
+        """Agree on the codec's cost per element (the slowest worker's) and apply the cost rule."""
+        st = self._total_stats
+        local = (st.compress_s + st.decompress_s) / max(st.compressed_elements, 1)
+        agreed = float(hvd.allreduce(torch.tensor([local], dtype=torch.float64), name="hx.adaptive.cost",
+                                     op=hvd.Max, process_set=self.process_set)[0])
+        self.adaptive.decide(agreed, st.bits_per_element, self.process_set.size())
 
     def flush(self):
         """Pipelined: wait for the gradients still in flight and apply them (a no-op otherwise).
@@ -255,7 +278,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def comm_stats(self) -> dict:
         """Communication cost: ``last`` step and ``total`` over all steps (see :class:`CommStats`)."""
         return {"compression": self._compression.label, "workers": self.process_set.size(),
-                "pipeline": self.pipeline, "last": self._last_stats.as_dict(),
+                "pipeline": self.pipeline, "adaptive": self.adaptive.as_dict(), "last": self._last_stats.as_dict(),
                 "total": self._total_stats.as_dict()}
 
     def codec_state(self, name: str) -> dict:
@@ -266,15 +289,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
                          compression: Compressor = Compression.none, backward_passes_per_step: int = 1,
                          op=hvd.Average, process_set=hvd.global_process_set, pipeline: bool = False,
-                         overlap: bool = True):
+                         overlap: bool = True, adaptive=True):
     """Wrap ``optimizer`` so that gradients are averaged across Horovod workers, compressed by
     ``compression``. A superset of ``hvd.DistributedOptimizer``: with ``Compression.none`` (and
     ``pipeline=False``) it issues the same allreduces and produces bit-identical results.
 
     ``pipeline=True``: Pipe-SGD, updates one step stale (see the module docstring); call
     ``flush()`` before checkpoints and evaluation. ``overlap`` (default on) advances multi-phase
-    codecs from a background thread while backward runs.
+    codecs from a background thread while backward runs. ``adaptive`` (default on; or an
+    :class:`horovod_ext.adaptive.Adaptive` with ``min_numel`` / ``link_gbps``) sends a tensor
+    uncompressed when compression would not pay.
     """
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               process_set, pipeline, overlap)
+               process_set, pipeline, overlap, adaptive)

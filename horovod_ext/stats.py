@@ -17,6 +17,7 @@ class CommStats:
     steps: int = 0
     bytes_handed: int = 0
     gradient_elements: int = 0
+    compressed_elements: int = 0
     collectives: int = 0
     allreduce_calls: int = 0
     allgather_calls: int = 0

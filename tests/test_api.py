@@ -75,3 +75,36 @@ def test_backward_passes_per_step_accumulates():
     model(torch.ones(1, 3)).sum().backward()
     with pytest.raises(AssertionError, match="backward_passes_per_step"):
         model(torch.ones(1, 3)).sum().backward()
+
+
+def test_adaptive_cost_rule():
+    a = hx.Adaptive(link_gbps=1.0)
+    assert not a.uses_codec(100) and a.uses_codec(10_000)
+    a.decide(codec_s_per_element=1e-8, bits_per_element=8, workers=2)     # saves 24 ns/element at 1 Gbit/s
+    assert a.compress
+    b = hx.Adaptive(link_gbps=10.0)
+    b.decide(codec_s_per_element=1e-8, bits_per_element=8, workers=2)     # saves 2.4 ns: not worth it
+    assert not b.compress and not b.uses_codec(10_000)
+    c = hx.Adaptive()                                                     # link rate unknown: size rule only
+    c.decide(codec_s_per_element=1.0, bits_per_element=8, workers=2)
+    assert c.compress
+
+
+def test_adaptive_folds_residual_when_switching_off():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(200, 100, bias=False)
+    adaptive = hx.Adaptive(min_numel=1)
+    opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), model.named_parameters(),
+                                  compression=hx.Compression.topk(0.1), adaptive=adaptive)
+    w0 = model.weight.detach().clone()
+    total = torch.zeros_like(w0)
+    for t in range(3):
+        if t == 2:
+            adaptive.compress = False
+        opt.zero_grad()
+        G = torch.randn_like(w0)
+        (model.weight * G).sum().backward()
+        total += G
+        opt.step()
+    assert "residual" not in opt.codec_state("weight")
+    assert torch.allclose(w0 - model.weight.detach(), total, atol=1e-5)

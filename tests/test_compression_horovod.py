@@ -84,3 +84,10 @@ def test_bits_per_element(reports):
     assert b["topk0.01"] <= 1.5
     if rep["size"] <= 7:
         assert b["global_qsgd4"] <= 5.5
+
+
+def test_adaptive_sends_small_tensors_uncompressed(reports):
+    b = reports[0]["bits_adaptive_default"]
+    # the 2.1M weights are compressed; the 2,560 bias elements go as fp32
+    assert 16.0 < b["fp16"] < 16.1
+    assert b["global_qsgd8"] < 9.0

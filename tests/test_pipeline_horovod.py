@@ -41,4 +41,7 @@ def test_dead_worker_fails_the_job_instead_of_hanging():
     assert time.time() - t0 < 170
     assert "rank 1: dying now" in logs
     assert "which it should not have" not in logs
-    assert "Horovod has been shut down" in logs     # rank 0 raised a clear error instead of waiting
+    # Either rank 0 raised Horovod's clear error first, or horovodrun stopped it, saying why.
+    launcher = proc.stdout + proc.stderr
+    assert ("Horovod has been shut down" in logs
+            or "Terminating remaining workers after failure of Process 1" in launcher), launcher[-2000:]

@@ -152,7 +152,7 @@ def conservation(codec, steps=6):
     model = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Linear(30, 5))
     hvd.broadcast_parameters(model.state_dict(), 0)
     opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), model.named_parameters(),
-                                  compression=codec)
+                                  compression=codec, adaptive=False)
     names = [n for n, _ in model.named_parameters()]
     w0 = {n: p.detach().clone().double() for n, p in model.named_parameters()}
     raw = {n: torch.zeros_like(w0[n]) for n in names}
@@ -191,12 +191,12 @@ all_starts = hvd.allgather(idx[:1], name="rb.start")
 report["random_block_shared"] = bool((all_starts == all_starts[0]).all())
 
 # ---- bits per element handed to Horovod, on a model with realistic layer sizes -------------------------------
-def bits_for(codec):
+def bits_for(codec, adaptive=False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
                                 torch.nn.ReLU(), torch.nn.Linear(1024, 512))
     opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model.named_parameters(),
-                                  compression=codec)
+                                  compression=codec, adaptive=adaptive)
     x = torch.randn(8, 512)
     for _ in range(2):
         opt.zero_grad()
@@ -212,4 +212,6 @@ for spec in ("none", "fp16", "bf16", "global_qsgd8", "global_qsgd4", "topk0.01",
     except ValueError as e:
         bits[spec] = str(e)
 report["bits"] = bits
+report["bits_adaptive_default"] = {spec: bits_for(hx.Compression.from_spec(spec), adaptive=True)
+                                   for spec in ("fp16", "global_qsgd8")}
 emit(report)

@@ -61,7 +61,7 @@ def run(steps, momentum, compression=hx.Compression.none, bpps=1):
     model = make_model()
     opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum),
                                   model.named_parameters(), compression=compression, pipeline=True,
-                                  backward_passes_per_step=bpps)
+                                  backward_passes_per_step=bpps, adaptive=False)
     traj = []
     for t in range(steps):
         opt.zero_grad(set_to_none=True)
