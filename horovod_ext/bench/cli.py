@@ -48,7 +48,7 @@ def parse_args(argv):
     p.add_argument("--batch", type=int, help="override the setting's batch per worker")
     p.add_argument("--frames", type=int, help="override the setting's frames per example (bfa)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per method after warm-up (default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per method (default 3)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps per method (default 5; adaptive transport decides after warmup-2)")
     p.add_argument("--methods", default=None,
                    help=f"comma-separated; baselines {BASELINES}; ours hx_SPEC and hx_SPEC+pipe "
                         f"(default: all baselines and hx_ for {DEFAULT_HX}, with and without +pipe)")

@@ -26,7 +26,7 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--frames", type=int, default=40)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--methods", required=True)
     p.add_argument("--bandwidth-bps", type=float, default=0.0, help="link rate, for limit_s (0: unknown)")
     p.add_argument("--bandwidth", default="unshaped")
@@ -61,7 +61,7 @@ def _powersgd_bytes(model, rank: int) -> int:
     return total
 
 
-def make_optimizer(method: str, model, lr: float, hvd, hx, powersgd_rank: int):
+def make_optimizer(method: str, model, lr: float, hvd, hx, powersgd_rank: int, link_gbps=None, measure_steps=3):
     """Return (model to call, optimizer, bytes handed per step or None, codec stats getter)."""
     params = parameter_count(model)
     if method in HOROVOD:
@@ -84,7 +84,8 @@ def make_optimizer(method: str, model, lr: float, hvd, hx, powersgd_rank: int):
     if method.startswith("hx_"):
         spec, _, pipe = method[3:].partition("+")
         opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr), model.named_parameters(),
-                                      compression=hx.Compression.from_spec(spec), pipeline=pipe == "pipe")
+                                      compression=hx.Compression.from_spec(spec), pipeline=pipe == "pipe",
+                                      adaptive=hx.Adaptive(link_gbps=link_gbps, measure_steps=measure_steps))
         return model, opt, None, opt
     if method == "compute":
         return model, torch.optim.SGD(model.parameters(), lr=lr), 0, None
@@ -138,7 +139,9 @@ def main(argv=None) -> None:
     for method in methods:
         model, make_batch, loss_fn = build(args.model, args.batch, args.frames)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        call, opt, nbytes, hx_opt = make_optimizer(method, model, 0.01, hvd, hx, args.powersgd_rank)
+        call, opt, nbytes, hx_opt = make_optimizer(method, model, 0.01, hvd, hx, args.powersgd_rank,
+                                                   link_gbps=args.bandwidth_bps / 1e9 or None,
+                                                   measure_steps=max(1, args.warmup - 2))
         times = time_steps(call, opt, make_batch, loss_fn, args.steps, args.warmup, seed=rank)
         step = float(hvd.allreduce(torch.tensor(statistics.median(times)), name=f"t.{method}", op=hvd.Max))
         rec = dict(base, method=method, median_step_s=step, step_times_s=times,
@@ -148,6 +151,7 @@ def main(argv=None) -> None:
             k = max(st["steps"], 1)
             from ..stats import CommStats
             cs = CommStats(**{f: st[f] for f in CommStats.__dataclass_fields__})
+            rec["adaptive"] = hx_opt.comm_stats()["adaptive"]
             rec.update(bytes_per_step=st["bytes_handed"] / k, wire_bytes_per_step=cs.wire_bytes(n) / k,
                        bits_per_element=st["bits_per_element"], codec_s=(st["compress_s"] + st["decompress_s"]) / k,
                        wait_s=st["wait_s"] / k)
