@@ -1,8 +1,149 @@
-"""asr-prep: data preparation (placeholder until the corpus issue lands)."""
+"""asr-prep: data preparation for the ASR recipe.
+
+  synth      build a deterministic offline synthetic corpus (espeak-ng, flite, festival)
+  import     import LibriSpeech-layout, JSON-lines or TSV corpora into the same manifest format
+  tokenizer  train a sentencepiece unigram word-piece model on a manifest's transcripts
+  stats      feature mean/variance for normalization, and a duration histogram
+  baseline   decode a manifest with pocketsphinx and report WER / sentence error rate
+
+Manifests are JSON lines (id, audio_filepath, duration, text, speaker, md5); see asr/data/manifest.py.
+Exit codes: 0 ok; 1 nothing usable remained (or --strict and something was rejected); 2 bad arguments or input.
+"""
+from __future__ import annotations
+
+import argparse
+import os
 import sys
 
 
+def _synth(a) -> int:
+    from .synth import build_corpus
+    return build_corpus(a.out, a.size, a.seed, a.jobs, a.limit, a.strict, a.data_dir)
+
+
+def _import(a) -> int:
+    from .importers import import_corpus
+    return import_corpus(a.format, a.src, a.out, a.split, a.strict, a.jobs)
+
+
+def _tokenizer(a) -> int:
+    from .tokenizer import train_tokenizer
+    train_tokenizer(a.manifest, a.vocab_size, a.out)
+    return 0
+
+
+def _stats(a) -> int:
+    from .stats import compute_stats
+    compute_stats(a.manifest, a.out, a.compression, a.jobs)
+    return 0
+
+
+def _baseline(a) -> int:
+    from .baseline import run_baseline
+    run_baseline(a.manifest, a.json, a.jobs, a.limit)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import DATA_DIR
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(prog="asr-prep", description=__doc__, formatter_class=fmt)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    jobs_help = "worker processes (default: all cores)"
+
+    s = sub.add_parser("synth", help="build a deterministic offline synthetic speech corpus", formatter_class=fmt,
+                       description="""\
+Synthesize a speech corpus offline with espeak-ng, flite and festival: voice-assistant commands from
+data/text/templates.yaml and open-domain sentences from Debian text packages (data/text/sources.yaml), spoken by
+the voices of data/voices.yaml. Splits are disjoint by voice and by sentence (dev/test voices never train).
+
+Writes DIR/audio/<split>/<id>.flac (16 kHz mono), DIR/{train,dev,test}.jsonl (audio_filepath relative to DIR),
+DIR/corpus.json (seed, counts, voices, hours, vocabulary) and DIR/rejected.jsonl. The same seed gives the same
+bytes. Re-running resumes: an utterance whose FLAC matches the md5 recorded in DIR/.done/<id>.json is skipped,
+anything missing or damaged is made again.""")
+    s.add_argument("--out", required=True, metavar="DIR", help="output folder (created; reused to resume)")
+    s.add_argument("--size", choices=["tiny", "small", "full"], default="tiny",
+                   help="tiny: 300 utterances (well under 2 min), small: 5000 (~4 h), full: 30000 (~25 h, "
+                        ">5k-word vocabulary)")
+    s.add_argument("--seed", type=int, default=0, help="seed for text, voice and prosody choices (default 0)")
+    s.add_argument("--jobs", type=int, default=os.cpu_count(), help=jobs_help)
+    s.add_argument("--strict", action="store_true", help="exit 1 if any utterance was rejected")
+    s.add_argument("--data-dir", default=DATA_DIR, help=f"folder with voices.yaml and text/ (default {DATA_DIR})")
+    s.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)  # small corpora for tests
+    s.set_defaults(func=_synth)
+
+    s = sub.add_parser("import", help="import an existing corpus into manifest format", formatter_class=fmt,
+                       description="""\
+Import a corpus into DIR/<split>.jsonl.
+  librispeech  SRC is a folder SRC/<speaker>/<chapter>/<id>.flac with <speaker>-<chapter>.trans.txt lines "ID TEXT"
+  jsonl        SRC is a file of JSON objects with audio_filepath (relative to SRC's folder or absolute), text,
+               and optional id and speaker
+  tsv          SRC is a tab-separated file whose header names a path column and a text column (also accepted:
+               audio_filepath/audio/file, sentence/transcript; optional id, speaker/client_id)
+Text is normalized like synthesized text. 16 kHz mono audio is used in place (absolute path); other rates or
+stereo are converted to 16 kHz mono FLAC under DIR/audio/<split>/ (with a note).
+
+Missing, empty (0 bytes or 0 samples), corrupt or truncated audio, non-UTF-8 or empty transcripts, audio without
+a transcript and duplicate ids are each reported with the file and reason and listed in DIR/rejected.jsonl; the
+rest is imported. Exit 1 only if nothing usable remains, or with --strict if anything was rejected.""")
+    s.add_argument("--format", required=True, choices=["librispeech", "jsonl", "tsv"])
+    s.add_argument("src", metavar="SRC", help="corpus folder (librispeech) or file (jsonl, tsv)")
+    s.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    s.add_argument("--split", default=None, help="manifest name (default: SRC's folder name or file stem)")
+    s.add_argument("--strict", action="store_true", help="exit 1 if anything was rejected")
+    s.add_argument("--jobs", type=int, default=os.cpu_count(), help=jobs_help)
+    s.set_defaults(func=_import)
+
+    s = sub.add_parser("tokenizer", help="train a sentencepiece unigram word-piece model",
+                       description="Train a deterministic sentencepiece unigram model (character_coverage=1.0, one "
+                       "thread) on the transcripts of a manifest; writes OUT/tokenizer.model, OUT/tokenizer.vocab "
+                       "and the training text OUT/transcripts.txt.")
+    s.add_argument("--manifest", required=True, help="training manifest, e.g. DIR/train.jsonl")
+    s.add_argument("--vocab-size", type=int, required=True, help="number of pieces (the paper uses about 10k)")
+    s.add_argument("--out", required=True, help="output folder, e.g. DIR/tokenizer")
+    s.set_defaults(func=_tokenizer)
+
+    s = sub.add_parser("stats", help="feature mean/variance and a duration histogram",
+                       description="Compute per-dimension mean and variance of the 40-dim mel features "
+                       "(asr.features.compute_features: 25 ms windows, 10 ms hop, power-law x**(1/15) by default) "
+                       "over all frames of a manifest, for feature normalization. Writes OUT/feature_stats.json "
+                       "and .pt; prints a duration histogram and saves it as OUT/durations.txt and .png.")
+    s.add_argument("--manifest", required=True, help="manifest, e.g. DIR/train.jsonl")
+    s.add_argument("--out", required=True, help="output folder, e.g. DIR/stats")
+    s.add_argument("--compression", choices=["power", "log"], default="power", help="mel compression")
+    s.add_argument("--jobs", type=int, default=os.cpu_count(), help=jobs_help)
+    s.set_defaults(func=_stats)
+
+    s = sub.add_parser("baseline", help="pocketsphinx baseline WER on a manifest",
+                       description="Decode every utterance of a manifest with pocketsphinx's bundled en-us model "
+                       "(acoustic model, generic LM, CMU dictionary), normalize hypotheses like references, and "
+                       "report word error rate and sentence error rate, overall and per speaker.")
+    s.add_argument("--manifest", required=True, help="manifest to decode")
+    s.add_argument("--json", default=None, metavar="OUT", help="also write results and hypotheses to this JSON file")
+    s.add_argument("--jobs", type=int, default=os.cpu_count(), help=jobs_help)
+    s.add_argument("--limit", type=int, default=None, help="decode only the first N utterances")
+    s.set_defaults(func=_baseline)
+    return p
+
+
 def main(argv=None) -> int:
-    print("asr-prep: not built yet (corpus synthesis, import, tokenizer and stats are the corpus issue)",
-          file=sys.stderr)
-    return 2
+    from .audio import AudioError
+    from .importers import ImportFailed
+    from .manifest import ManifestError
+    from .stats import StatsError
+    from .text import TextSourceError
+    from .tokenizer import TokenizerError
+    from .voices import ReservedVoiceError, VoiceConfigError
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ReservedVoiceError:
+        raise  # a reserved voice must never be reached: fail loudly with the traceback
+    except (ImportFailed, ManifestError, StatsError, TextSourceError, TokenizerError, VoiceConfigError,
+            AudioError, ValueError, OSError) as e:
+        print(f"asr-prep {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""asr-prep synth on a 20-utterance corpus: manifests, audio format, disjoint splits, determinism, resume,
+rejection of unusable synthesizer output, and refusal of reserved voices."""
+import hashlib
+import json
+import os
+import shutil
+
+import pytest
+import soundfile as sf
+
+from asr.data import DATA_DIR
+from asr.data.cli import main
+from asr.data.manifest import audio_path, read_manifest
+from asr.data.synth import SIZES, plan_corpus
+from asr.data.voices import ReservedVoiceError, Voice, load_voices, refuse_reserved
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("espeak-ng") and shutil.which("flite") and shutil.which("text2wave")
+         and shutil.which("bible") and os.path.isdir("/usr/share/games/fortunes")),
+    reason="needs Debian packages espeak-ng flite festival festvox-* fortunes-min fortunes bible-kjv bible-kjv-text")
+
+N = 20
+SPLITS = ("train", "dev", "test")
+
+
+def synth(out, *extra):
+    return main(["synth", "--out", str(out), "--size", "tiny", "--seed", "7", "--limit", str(N), *extra])
+
+
+def md5s(out):
+    return {e["id"]: e["md5"] for s in SPLITS for e in read_manifest(out / f"{s}.jsonl")}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth") / "c"
+    assert synth(out, "--jobs", "2") == 0
+    return out
+
+
+def test_manifests_and_audio(corpus):
+    ids = set()
+    for split in SPLITS:
+        entries = read_manifest(corpus / f"{split}.jsonl")
+        assert entries, split
+        for e in entries:
+            assert set(e) >= {"id", "audio_filepath", "duration", "text", "speaker", "md5"}
+            assert e["audio_filepath"] == f"audio/{split}/{e['id']}.flac"  # relative to the corpus folder
+            path = audio_path(e, corpus / f"{split}.jsonl")
+            info = sf.info(path)
+            assert (info.samplerate, info.channels, info.format) == (16000, 1, "FLAC")
+            assert e["duration"] == pytest.approx(info.frames / 16000, abs=1e-3) and e["duration"] > 0.3
+            assert e["md5"] == hashlib.md5(path.read_bytes()).hexdigest()
+            assert e["text"] and set(e["text"]) <= set("abcdefghijklmnopqrstuvwxyz' ")
+            assert 3 <= len(e["text"].split()) <= 20
+            ids.add(e["id"])
+    assert len(ids) == N
+    assert (corpus / "rejected.jsonl").read_text() == ""
+
+
+def test_splits_disjoint_by_voice_and_sentence(corpus):
+    speakers = {s: {e["speaker"] for e in read_manifest(corpus / f"{s}.jsonl")} for s in SPLITS}
+    texts = {s: {e["text"] for e in read_manifest(corpus / f"{s}.jsonl")} for s in SPLITS}
+    for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
+        assert not speakers[a] & speakers[b], (a, b)
+        assert not texts[a] & texts[b], (a, b)
+    assert speakers["dev"] == {"flite:slt", "espeak:en-us-nyc+f4"}
+    assert speakers["test"] == {"festival:cmu_us_slt_arctic_hts", "espeak:en-gb-x-gbcwmd+m6"}
+
+
+def test_corpus_json(corpus):
+    c = json.loads((corpus / "corpus.json").read_text())
+    assert c["seed"] == 7 and c["size"] == "tiny" and sum(c["counts"].values()) == N
+    assert c["counts"] == {"train": 16, "dev": 2, "test": 2}
+    assert set(c["voices"]) == set(SPLITS) and c["vocab_size"] > 20
+    assert c["hours"]["total"] == pytest.approx(sum(c["hours"][s] for s in SPLITS), abs=1e-3)
+    assert {s["name"] for s in c["text"]["sources"]} == {"fortunes", "kjv"}
+
+
+def test_same_seed_same_bytes_whatever_the_job_count(corpus, tmp_path):
+    assert synth(tmp_path / "again", "--jobs", "1") == 0
+    assert md5s(tmp_path / "again") == md5s(corpus)
+
+
+def test_resume_skips_done_and_regenerates_damaged(corpus, capfd):
+    before = md5s(corpus)
+    victim = corpus / "audio" / "train" / "train-000003.flac"
+    mtimes = {p: p.stat().st_mtime_ns for p in (corpus / "audio").rglob("*.flac")}
+    capfd.readouterr()
+    assert synth(corpus, "--jobs", "2") == 0
+    assert f"({N} already done, skipped)" in capfd.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in (corpus / "audio").rglob("*.flac")} == mtimes
+
+    victim.write_bytes(victim.read_bytes()[:1000])  # damaged: md5 no longer matches the record
+    (corpus / "audio" / "dev" / "dev-000001.flac").unlink()  # missing
+    assert synth(corpus, "--jobs", "2") == 0
+    assert f"({N - 2} already done, skipped)" in capfd.readouterr().err
+    assert md5s(corpus) == before
+    assert hashlib.md5(victim.read_bytes()).hexdigest() == before["train-000003"]
+
+
+def test_unusable_synth_output_is_rejected_and_the_rest_kept(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "text").symlink_to(DATA_DIR / "text")
+    (data / "voices.yaml").write_text(
+        "train:\n  - {engine: espeak, name: en-us}\n  - {engine: espeak, name: xx-no-such-voice}\n"
+        "dev:\n  - {engine: espeak, name: en-us-nyc+f4}\ntest:\n  - {engine: flite, name: kal16}\n")
+    out = tmp_path / "c"
+    args = ["synth", "--out", str(out), "--seed", "1", "--limit", "10", "--data-dir", str(data)]
+    assert main(args) == 0
+    rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
+    assert rejected and all(r["reason"] == "synth_failed" and "xx-no-such-voice" in r["detail"] for r in rejected)
+    kept = read_manifest(out / "train.jsonl")
+    assert kept and all(e["speaker"] == "espeak:en-us" for e in kept)
+    assert len(kept) + len(rejected) == 8
+    assert main(args + ["--strict"]) == 1
+
+
+@pytest.mark.parametrize("engine, name", [("flite", "awb"), ("flite", "awb_time"), ("piper", "en_US-lessac-medium"),
+                                          ("espeak", "piper-voice"), ("festival", "cmu_us_awb_cg")])
+def test_reserved_voices_are_refused(engine, name, tmp_path):
+    with pytest.raises(ReservedVoiceError):
+        refuse_reserved(engine, name)
+    with pytest.raises(ReservedVoiceError):
+        Voice(engine, name, "train")  # checked before the engine name, so piper is refused too
+    (tmp_path / "voices.yaml").write_text(f"train:\n  - {{engine: {engine}, name: {name}}}\n"
+                                          "dev:\n  - {engine: flite, name: slt}\n"
+                                          "test:\n  - {engine: flite, name: kal16}\n")
+    with pytest.raises(ReservedVoiceError):
+        load_voices(tmp_path)
+
+
+def test_voice_list_rules():
+    voices = load_voices()
+    ids = {s: {v.id for v in vs} for s, vs in voices.items()}
+    assert not ids["train"] & (ids["dev"] | ids["test"]) and not ids["dev"] & ids["test"]
+    assert {"flite:slt", "festival:cmu_us_slt_arctic_hts"} <= ids["dev"] | ids["test"]
+    assert {"flite:kal16", "flite:rms", "festival:kal_diphone", "festival:ked_diphone"} <= ids["train"]
+    train_variants = {v.name.split("+")[1] for v in voices["train"] if "+" in v.name}
+    assert not train_variants & {"f4", "m6"}
+
+
+def test_full_plan_size_vocabulary_and_disjointness():
+    specs, _, _ = plan_corpus("full", 0)
+    assert len(specs) == SIZES["full"] >= 20000
+    assert len({w for s in specs for w in s.text.split()}) >= 5000
+    assert len({s.text for s in specs}) == len(specs)
+    by_split = {sp: {s.speaker for s in specs if s.split == sp} for sp in SPLITS}
+    assert not by_split["train"] & (by_split["dev"] | by_split["test"])
