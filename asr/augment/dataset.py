@@ -1,0 +1,83 @@
+"""A Dataset that returns augmented features, so a DataLoader's CPU workers do all augmentation.
+
+The epoch lives in a shared-memory tensor: ``set_epoch`` in the main process is then seen by persistent DataLoader
+workers too (a plain attribute would stay frozen in each worker's copy, silently repeating epoch 0's draws).
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+import soundfile as sf
+import torch
+from torch.utils.data import Dataset
+
+from .features import SAMPLE_RATE
+from .pipeline import Augmenter
+
+
+def load_wave(path) -> torch.Tensor:
+    """Mono float32 waveform of a 16 kHz audio file; errors name the file."""
+    try:
+        data, rate = sf.read(os.fspath(path), dtype="float32", always_2d=True)
+    except (OSError, RuntimeError, sf.LibsndfileError) as e:
+        raise ValueError(f"{path}: cannot read audio: {e}") from e
+    if rate != SAMPLE_RATE:
+        raise ValueError(f"{path}: sample rate {rate} Hz, expected {SAMPLE_RATE} Hz (resample it in asr-prep)")
+    if data.shape[0] == 0:
+        raise ValueError(f"{path}: no samples")
+    return torch.from_numpy(np.ascontiguousarray(data.mean(axis=1)))
+
+
+class _ItemBabble:
+    """Babble talkers drawn from the dataset's items (a class, not a lambda, so it pickles for spawned workers)."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __call__(self, rng: np.random.Generator) -> torch.Tensor:
+        src = self.items[int(rng.integers(len(self.items)))][1]
+        return src if isinstance(src, torch.Tensor) else load_wave(src)
+
+
+class AugmentedDataset(Dataset):
+    """items: sequence of (utt_id, waveform tensor or audio path[, label]); returns (features, info), with the
+    label, if given, in info["label"]. ``babble_from_items=True`` gives the augmenter this dataset's utterances
+    as its babble source."""
+
+    def __init__(self, items: Sequence[tuple], augmenter: Augmenter, epoch: int = 0,
+                 babble_from_items: bool = False):
+        for i, item in enumerate(items):
+            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+                raise ValueError(f"AugmentedDataset item {i}: expected (utt_id, wave_or_path[, label]), got {item!r}")
+        self.items = list(items)
+        self.augmenter = augmenter
+        self._epoch = torch.tensor(int(epoch), dtype=torch.int64).share_memory_()
+        if babble_from_items:
+            augmenter.babble = self.babble_source()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.fill_(int(epoch))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def wave(self, index: int) -> torch.Tensor:
+        src = self.items[index][1]
+        return src if isinstance(src, torch.Tensor) else load_wave(src)
+
+    def babble_source(self):
+        """A callable(rng) -> waveform drawing random utterances of this dataset (for Augmenter(babble=...))."""
+        return _ItemBabble(self.items)
+
+    def __getitem__(self, index: int):
+        utt_id = self.items[index][0]
+        features, info = self.augmenter(self.wave(index), utt_id, self.epoch)
+        if len(self.items[index]) == 3:
+            info["label"] = self.items[index][2]
+        return features, info

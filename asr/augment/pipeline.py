@@ -1,0 +1,273 @@
+"""The per-utterance augmentation pipeline run by CPU DataLoader workers: VTLP, acoustic simulation, features,
+optional SpecAugment (Kim et al., ASRU 2019: the trainer receives features and labels only).
+
+Reproducibility: every random choice for an utterance comes from one numpy Generator seeded by a stable hash
+(blake2b) of (seed, epoch, utt_id), never from process-global RNGs or Python's salted hash(). The RIR pool is
+indexed by (slot drawn from that generator, epoch) and its content is a pure function of (pool seed, slot,
+version(epoch)) (see asr.augment.rooms), so an utterance's features are identical whatever the number of
+DataLoader workers and whichever worker gets it. A new epoch gives new draws (and refreshed rooms).
+
+Bitwise equality also needs a fixed thread count: torch's 1-D FFTs and large reductions give slightly different
+floats with 1 and 2 intra-op threads. DataLoader workers run with 1 thread, so the pipeline computes with 1 thread
+everywhere (temporarily in the main process, num_workers=0); one utterance is too small to gain from more.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torchaudio.functional as AF
+from scipy.fft import next_fast_len
+
+from .features import COMPRESSIONS, N_FFT, N_MELS, SAMPLE_RATE, mel_features
+from .noise import NOISE_KINDS, BabbleSource, make_noise, mix_at_snr
+from .rooms import ABSORPTION_MODELS, RIRPool, RoomEntry, RoomSpec
+from .specaugment import SpecAugmentConfig, spec_augment
+from .vtlp import cached_filterbank, sample_warp
+
+
+def _pair(name, value, low_bound=0.0):
+    lo, hi = value
+    if not low_bound <= lo <= hi:
+        raise ValueError(f"AugmentConfig.{name} must be (low, high) with {low_bound} <= low <= high, got {value}")
+    return (float(lo), float(hi))
+
+
+@dataclass
+class AugmentConfig:
+    """What the pipeline does; defaults follow Kim et al. (VTLP U[0.9, 1.1], rooms 3-10 m, T60 0.1-0.9 s,
+    SNR 0-30 dB, 0-3 noise sources, power-law features)."""
+    vtlp: bool = True
+    vtlp_range: tuple[float, float] = (0.9, 1.1)
+    vtlp_boundary_hz: float = 4800.0
+    vtlp_grid: float = 0.001            # warps are rounded to this grid so filterbanks can be cached
+    sim_prob: float = 0.5               # probability that an utterance goes through the acoustic simulator
+    room_sides: tuple[float, float] = (3.0, 10.0)
+    room_height: tuple[float, float] = (2.5, 4.0)
+    t60: tuple[float, float] = (0.1, 0.9)
+    wall_margin: float = 0.5
+    absorption: str = "ism"             # see asr.augment.rooms: "ism" hits the requested T60; "sabine" runs short
+    snr_db: tuple[float, float] = (0.0, 30.0)
+    noise_sources: tuple[int, int] = (0, 3)
+    noise_kinds: tuple[str, ...] = NOISE_KINDS   # "babble" is skipped when the Augmenter has no babble source
+    noise_gain_db: tuple[float, float] = (-6.0, 0.0)   # relative level of each source before the SNR scaling
+    pool_size: int = 64
+    pool_seed: int | None = None        # None: derived from the Augmenter seed
+    pool_refresh_every: int = 1         # epochs between refreshes (0: never)
+    pool_refresh_fraction: float = 0.25
+    specaugment: bool = False
+    specaugment_options: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
+    features: str = "power"             # "power" (x ** (1/15)) or "log" (log(x + 1e-6))
+    f_min: float = 20.0
+    f_max: float = 8000.0
+
+    def __post_init__(self):
+        self.vtlp_range = _pair("vtlp_range", self.vtlp_range, 1e-3)
+        self.room_sides = _pair("room_sides", self.room_sides, 1e-3)
+        self.room_height = _pair("room_height", self.room_height, 1e-3)
+        self.t60 = _pair("t60", self.t60, 1e-3)
+        self.snr_db = _pair("snr_db", self.snr_db, -100.0)
+        self.noise_gain_db = _pair("noise_gain_db", self.noise_gain_db, -100.0)
+        lo, hi = self.noise_sources
+        if not 0 <= lo <= hi <= 3:
+            raise ValueError(f"AugmentConfig.noise_sources must be (low, high) within 0..3, got {self.noise_sources}")
+        self.noise_sources = (int(lo), int(hi))
+        self.noise_kinds = tuple(self.noise_kinds)
+        bad = [k for k in self.noise_kinds if k not in NOISE_KINDS]
+        if bad or not self.noise_kinds:
+            raise ValueError(f"AugmentConfig.noise_kinds must be a non-empty subset of {NOISE_KINDS}, got "
+                             f"{self.noise_kinds}")
+        if not 0.0 <= self.sim_prob <= 1.0:
+            raise ValueError(f"AugmentConfig.sim_prob must be in [0, 1], got {self.sim_prob}")
+        if self.features not in COMPRESSIONS:
+            raise ValueError(f"AugmentConfig.features must be one of {COMPRESSIONS}, got {self.features!r}")
+        if self.absorption not in ABSORPTION_MODELS:
+            raise ValueError(f"AugmentConfig.absorption must be one of {ABSORPTION_MODELS}, got {self.absorption!r}")
+        if self.pool_size < 1:
+            raise ValueError(f"AugmentConfig.pool_size must be >= 1, got {self.pool_size}")
+        if self.pool_refresh_every < 0 or not 0.0 <= self.pool_refresh_fraction <= 1.0:
+            raise ValueError("AugmentConfig.pool_refresh_every must be >= 0 and pool_refresh_fraction in [0, 1], "
+                             f"got {self.pool_refresh_every} and {self.pool_refresh_fraction}")
+        if self.vtlp_grid <= 0:
+            raise ValueError(f"AugmentConfig.vtlp_grid must be > 0, got {self.vtlp_grid}")
+        if isinstance(self.specaugment_options, dict):
+            self.specaugment_options = SpecAugmentConfig(**self.specaugment_options)
+
+    def room_spec(self) -> RoomSpec:
+        return RoomSpec(sides=self.room_sides, height=self.room_height, t60=self.t60, wall_margin=self.wall_margin,
+                        max_noise_sources=self.noise_sources[1], absorption=self.absorption,
+                        sample_rate=SAMPLE_RATE)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Augmented(NamedTuple):
+    features: torch.Tensor   # [frames, 40] float32
+    info: dict               # what was drawn (JSON-serializable)
+    wave: torch.Tensor       # the waveform the features were computed from (reverberant-noisy or clean)
+
+
+def utterance_seed(seed: int, epoch: int, utt_id: str) -> int:
+    """Stable 63-bit seed of (seed, epoch, utt_id): the same in every process and Python run."""
+    digest = hashlib.blake2b(f"{seed}\x1f{epoch}\x1f{utt_id}".encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@contextlib.contextmanager
+def single_thread():
+    """torch intra-op threads = 1 for the block (a no-op inside DataLoader workers, which already use 1)."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+class Augmenter:
+    """Callable ``(wave [samples] 16 kHz, utt_id, epoch) -> (features [frames, 40] float32, info)``.
+
+    ``babble``: optional list of waveforms or callable(rng) -> waveform for babble noise (must draw only from the
+    rng it is given). The RIR pool is created lazily in the process that first needs it (one per DataLoader
+    worker); ``profile=True`` adds per-stage seconds to info["timings_s"].
+    """
+
+    def __init__(self, config: AugmentConfig | None = None, seed: int = 0, babble: BabbleSource | None = None,
+                 profile: bool = False):
+        self.config = config if config is not None else AugmentConfig()
+        self.seed = int(seed)
+        self.babble = babble
+        self.profile = profile
+        self._pool: RIRPool | None = None
+
+    def noise_kinds(self) -> list[str]:
+        """The configured noise kinds this Augmenter can make ("babble" only with a babble source)."""
+        kinds = [k for k in self.config.noise_kinds if k != "babble" or self.babble is not None]
+        if not kinds:
+            raise ValueError("AugmentConfig.noise_kinds is ('babble',) but the Augmenter has no babble source")
+        return kinds
+
+    @property
+    def pool(self) -> RIRPool:
+        if self._pool is None:
+            c = self.config
+            self._pool = RIRPool(size=c.pool_size, seed=self.seed if c.pool_seed is None else c.pool_seed,
+                                 refresh_every=c.pool_refresh_every, refresh_fraction=c.pool_refresh_fraction,
+                                 spec=c.room_spec())
+        return self._pool
+
+    def filterbank(self, warp: float) -> torch.Tensor:
+        c = self.config
+        return cached_filterbank(warp, N_FFT, N_MELS, SAMPLE_RATE, c.f_min, c.f_max, c.vtlp_boundary_hz)
+
+    def __call__(self, wave: torch.Tensor, utt_id: str, epoch: int) -> tuple[torch.Tensor, dict]:
+        out = self.augment(wave, utt_id, epoch)
+        return out.features, out.info
+
+    def augment(self, wave, utt_id: str, epoch: int, *, simulate: bool | None = None,
+                warp: float | None = None) -> Augmented:
+        """Full pipeline; ``simulate``/``warp`` override the random choices (demo, tests)."""
+        with single_thread():
+            return self._augment(wave, utt_id, epoch, simulate, warp)
+
+    def _augment(self, wave, utt_id, epoch, simulate, warp) -> Augmented:
+        wave = torch.as_tensor(wave, dtype=torch.float32)
+        if wave.dim() != 1 or wave.numel() == 0:
+            raise ValueError(f"utterance {utt_id!r}: wave must be a non-empty 1-D tensor [samples], got shape "
+                             f"{tuple(wave.shape)}")
+        c = self.config
+        rng = np.random.default_rng(utterance_seed(self.seed, epoch, utt_id))
+        timings: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(stage):
+            nonlocal clock
+            now = time.perf_counter()
+            timings[stage] = timings.get(stage, 0.0) + now - clock
+            clock = now
+
+        drawn_warp = sample_warp(rng, *c.vtlp_range) if c.vtlp else 1.0
+        do_sim = bool(rng.random() < c.sim_prob)
+        torch_seed = int(rng.integers(0, 2**63 - 1))
+        if warp is None:
+            warp = round(round(drawn_warp / c.vtlp_grid) * c.vtlp_grid, 6) if c.vtlp else 1.0
+        if simulate is not None:
+            do_sim = simulate
+        info = {"utt_id": utt_id, "epoch": int(epoch), "warp": float(warp), "simulated": do_sim}
+        fb = self.filterbank(float(warp))
+        lap("vtlp")
+        if do_sim:
+            wave = self._simulate(wave, rng, epoch, info, lap)
+        features = mel_features(wave, fb, c.features)
+        lap("features")
+        info["specaugment"] = c.specaugment
+        if c.specaugment:
+            features = spec_augment(features, torch.Generator().manual_seed(torch_seed), c.specaugment_options)
+            lap("specaugment")
+        if self.profile:
+            info["timings_s"] = timings
+        return Augmented(features, info, wave)
+
+    def _simulate(self, speech: torch.Tensor, rng: np.random.Generator, epoch: int, info: dict, lap) -> torch.Tensor:
+        c = self.config
+        slot = int(rng.integers(self.pool.size))
+        entry: RoomEntry = self.pool.get(slot, epoch)
+        lap("pool")
+        lo, hi = c.noise_sources
+        n_noise = int(rng.integers(lo, min(hi, len(entry.noise_rirs)) + 1))
+        available = self.noise_kinds()
+        kinds = [available[int(rng.integers(len(available)))] for _ in range(n_noise)]
+        gains_db = [float(rng.uniform(*c.noise_gain_db)) for _ in range(n_noise)]
+        snr = float(rng.uniform(*c.snr_db))
+        rirs = [entry.speech_rir] + entry.noise_rirs[:n_noise]
+        n, r_max = speech.numel(), max(h.numel() for h in rirs)
+        # Noise is generated r_max - 1 samples longer and the steady-state part kept, so it does not fade in.
+        noises = [make_noise(k, n + r_max - 1, rng, SAMPLE_RATE, self.babble) for k in kinds]
+        lap("noise")
+        rev = self._convolve(speech, noises, rirs, r_max)
+        lap("convolve")
+        speech_rev = rev[0]
+        p_clean, p_rev = speech.double().pow(2).mean(), speech_rev.double().pow(2).mean()
+        if p_rev > 0:   # keep the clean utterance's level: the RIR's gain is not an augmentation
+            speech_rev = speech_rev * torch.sqrt(p_clean / p_rev).float()
+        out = speech_rev
+        if n_noise:
+            noise = sum(10 ** (g / 20) * rev[1 + k] for k, g in enumerate(gains_db))
+            out, _ = mix_at_snr(speech_rev, noise, snr)
+        lap("mix")
+        info["room"] = {"slot": slot, "version": self.pool.version(slot, epoch), "dims": list(entry.dims),
+                        "t60": entry.t60, "t60_measured": entry.t60_measured}
+        info["noise"] = [{"kind": k, "gain_db": g} for k, g in zip(kinds, gains_db)]
+        info["snr_db"] = snr if n_noise else None
+        return out
+
+    @staticmethod
+    def _convolve(speech: torch.Tensor, noises: list[torch.Tensor], rirs: list[torch.Tensor], r_max: int
+                  ) -> torch.Tensor:
+        """One batched FFT convolution of [speech, noise...] with [speech RIR, noise RIRs...]; returns [1 + k, n]:
+        speech aligned on its direct path (the RIRs start there), noise in steady state."""
+        n = speech.numel()
+        width = n + r_max - 1
+        width = next_fast_len(width + r_max - 1, real=True) - r_max + 1   # fast FFT size for the full output
+        x = torch.zeros(len(rirs), width)
+        x[0, :n] = speech
+        for k, z in enumerate(noises):
+            x[1 + k, :z.numel()] = z
+        h = torch.zeros(len(rirs), r_max)
+        for k, rir in enumerate(rirs):
+            h[k, :rir.numel()] = rir
+        y = AF.fftconvolve(x, h)
+        out = torch.empty(len(rirs), n)
+        out[0] = y[0, :n]
+        if noises:
+            out[1:] = y[1:, r_max - 1:r_max - 1 + n]
+        return out
