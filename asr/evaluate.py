@@ -1,7 +1,179 @@
-"""asr-eval: WER evaluation (placeholder until the BFA recipe issue lands)."""
+"""asr-eval: word and sentence error rates of BFA checkpoints.
+
+    asr-eval --checkpoint exp/run/checkpoints/last.pt --manifest exp/corpus/test.jsonl --json test.json
+    asr-eval --run-dir exp/run --manifest exp/corpus/test.jsonl --manifest exp/corpus/test_far.jsonl
+    asr-eval --run-dir exp/run --manifest exp/corpus/test.jsonl --watch    # while training runs
+
+With --checkpoint it decodes one checkpoint and prints WER and SER (and writes every hypothesis with
+--json). With --run-dir it evaluates each epoch's checkpoint (``checkpoints/epochNNN.pt``) on every
+manifest, caching results in RUN/eval/, and writes RUN/wer_per_epoch.json and RUN/wer_per_epoch.png;
+with --watch it keeps going as new checkpoints appear until training writes RUN/DONE.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
 import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="asr-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="one checkpoint (.pt) written by asr.train")
+    src.add_argument("--run-dir", help="a training run folder: evaluate every epoch's checkpoint")
+    p.add_argument("--manifest", action="append", required=True, help="JSONL manifest (repeatable)")
+    p.add_argument("--json", help="--checkpoint: write WER, SER and every hypothesis here")
+    p.add_argument("--beam", type=int, help="beam size (default: the config's decode.beam; 1 = greedy)")
+    p.add_argument("--ctc-weight", type=float, help="CTC rescoring weight (default: the config's decode.ctc_weight)")
+    p.add_argument("--limit", type=int, default=0, help="decode only the first N utterances of each manifest")
+    p.add_argument("--watch", action="store_true", help="--run-dir: wait for new checkpoints until RUN/DONE")
+    p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="torch threads")
+    return p.parse_args(argv)
+
+
+def load_checkpoint(path):
+    from .loader import Normalizer, Tokenizer
+    from .models.bfa import BFA, BFAConfig
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError) as e:
+        raise SystemExit(f"asr-eval: {path}: cannot read checkpoint: {e}")
+    for key in ("model", "model_config", "tokenizer", "stats"):
+        if key not in ckpt:
+            raise SystemExit(f"asr-eval: {path}: not a BFA checkpoint (no {key!r})")
+    model = BFA(BFAConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    return model, Tokenizer(ckpt["tokenizer"]), Normalizer(ckpt["stats"]), ckpt
+
+
+def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0, limit: int = 0,
+             batch_seconds: float = 120.0, desc: str = "") -> dict:
+    """Decode a manifest; return WER, SER and every (id, ref, hyp)."""
+    import jiwer
+    from tqdm import tqdm
+    from .decode import beam_search, greedy
+    from .loader import SpeechDataset, collate, eval_batches
+    ds = SpeechDataset(manifest, tok, norm)
+    if limit:
+        ds.entries = ds.entries[:limit]
+    rows = []
+    batches = eval_batches(ds.durations, batch_seconds if beam == 1 else 1e-9, max_batch=64 if beam == 1 else 1)
+    with torch.no_grad():
+        for b in tqdm(batches, desc=desc or Path(manifest).name, leave=False, dynamic_ncols=True):
+            ids, feats, flen, _, _, texts = collate([ds[i] for i in b])
+            if beam == 1:
+                hyps = greedy(model, feats, flen)
+            else:
+                hyps = beam_search(model, feats, flen, beam=beam, ctc_weight=ctc_weight)
+            rows += [{"id": i, "ref": r, "hyp": tok.decode(h)} for i, r, h in zip(ids, texts, hyps)]
+    refs = [r["ref"] for r in rows]
+    hyps = [r["hyp"] if r["hyp"].strip() else "<empty>" for r in rows]
+    out = jiwer.process_words(refs, hyps)
+    wer = (out.substitutions + out.deletions + out.insertions) / max(sum(len(r.split()) for r in refs), 1)
+    ser = sum(r["ref"] != r["hyp"] for r in rows) / max(len(rows), 1)
+    return {"manifest": str(manifest), "utterances": len(rows), "wer": wer, "ser": ser,
+            "substitutions": out.substitutions, "deletions": out.deletions, "insertions": out.insertions,
+            "beam": beam, "ctc_weight": ctc_weight, "hypotheses": rows}
+
+
+def _decode_opts(args, ckpt):
+    dec = ckpt.get("config", {}).get("decode", {})
+    beam = args.beam if args.beam is not None else dec.get("beam", 1)
+    ctc = args.ctc_weight if args.ctc_weight is not None else dec.get("ctc_weight", 0.0)
+    return beam, ctc
+
+
+def run_dir_mode(args) -> int:
+    run = Path(args.run_dir)
+    cache = run / "eval"
+    cache.mkdir(parents=True, exist_ok=True)
+    done_epochs = set()
+    while True:
+        ckpts = sorted((run / "checkpoints").glob("epoch*.pt"))
+        for ck in ckpts:
+            epoch = int(re.findall(r"\d+", ck.stem)[0])
+            if epoch in done_epochs:
+                continue
+            loaded = None
+            for m in args.manifest:
+                dest = cache / f"{Path(m).stem}.epoch{epoch:03d}.json"
+                if dest.exists():
+                    continue
+                if loaded is None:
+                    loaded = load_checkpoint(ck)
+                model, tok, norm, ckpt = loaded
+                beam, ctc = _decode_opts(args, ckpt)
+                res = evaluate(model, tok, norm, m, beam, ctc, args.limit, desc=f"epoch {epoch} {Path(m).stem}")
+                res["epoch"] = epoch
+                tmp = dest.with_suffix(".tmp")
+                tmp.write_text(json.dumps(res, indent=1))
+                os.replace(tmp, dest)
+                print(f"[asr-eval] epoch {epoch} {Path(m).stem}: WER {100 * res['wer']:.2f}%  SER {100 * res['ser']:.2f}%",
+                      flush=True)
+            done_epochs.add(epoch)
+        write_summary(run, args.manifest)
+        if not args.watch or (run / "DONE").exists() and len(done_epochs) >= len(list((run / "checkpoints").glob("epoch*.pt"))):
+            break
+        time.sleep(10)
+    return 0
+
+
+def write_summary(run: Path, manifests) -> None:
+    table = {}
+    for m in manifests:
+        name = Path(m).stem
+        rows = []
+        for f in sorted((run / "eval").glob(f"{name}.epoch*.json")):
+            r = json.loads(f.read_text())
+            rows.append({"epoch": r["epoch"], "wer": r["wer"], "ser": r["ser"], "utterances": r["utterances"]})
+        table[name] = rows
+    tmp = run / "wer_per_epoch.json.tmp"
+    tmp.write_text(json.dumps(table, indent=1))
+    os.replace(tmp, run / "wer_per_epoch.json")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, rows in table.items():
+        if rows:
+            ax.plot([r["epoch"] for r in rows], [100 * r["wer"] for r in rows], "-o", label=name)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("WER (%)")
+    ax.set_title(f"WER per epoch: {run}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(run / "wer_per_epoch.png", dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:
-    print("asr-eval: not built yet (it arrives with the BFA recipe)", file=sys.stderr)
-    return 2
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    for m in args.manifest:
+        if not Path(m).exists():
+            raise SystemExit(f"asr-eval: {m}: manifest not found")
+    if args.run_dir:
+        if not (Path(args.run_dir) / "checkpoints").is_dir() and not args.watch:
+            raise SystemExit(f"asr-eval: {args.run_dir}: no checkpoints/ folder (is it a training run folder?)")
+        return run_dir_mode(args)
+    model, tok, norm, ckpt = load_checkpoint(args.checkpoint)
+    beam, ctc = _decode_opts(args, ckpt)
+    results = [evaluate(model, tok, norm, m, beam, ctc, args.limit) for m in args.manifest]
+    for r in results:
+        print(f"{Path(r['manifest']).name}: WER {100 * r['wer']:.2f}%  SER {100 * r['ser']:.2f}%  "
+              f"({r['utterances']} utterances, beam {r['beam']})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results[0] if len(results) == 1 else results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

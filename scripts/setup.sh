@@ -19,7 +19,7 @@ HOROVOD_VERSION=0.28.1
 TORCH_VERSION=2.14.1
 GPU_OPS=${HOROVOD_GPU_OPERATIONS:-}
 WITH_MPI=${HOROVOD_WITH_MPI:-0}
-APT_PACKAGES="espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox"
+APT_PACKAGES="espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox fortunes-min fortunes bible-kjv bible-kjv-text"
 
 say()  { printf '[setup] %s\n' "$*"; }
 die()  { printf '\n[setup] ERROR: %s\n' "$1" >&2; shift; for l in "$@"; do printf '[setup]   %s\n' "$l" >&2; done; exit 1; }

@@ -5,6 +5,8 @@
   tokenizer  train a sentencepiece unigram word-piece model on a manifest's transcripts
   stats      feature mean/variance for normalization, and a duration histogram
   baseline   decode a manifest with pocketsphinx and report WER / sentence error rate
+  far        the far-field test set: a manifest passed once through the acoustic simulator (fixed seed)
+  augment-demo  a few augmented WAVs and a PNG of clean / VTLP / reverberant-noisy spectrograms
 
 Manifests are JSON lines (id, audio_filepath, duration, text, speaker, md5); see asr/data/manifest.py.
 Exit codes: 0 ok; 1 nothing usable remained (or --strict and something was rejected); 2 bad arguments or input.
@@ -42,6 +44,17 @@ def _baseline(a) -> int:
     from .baseline import run_baseline
     run_baseline(a.manifest, a.json, a.jobs, a.limit)
     return 0
+
+
+def _far(a) -> int:
+    from .far import make_far
+    make_far(a.manifest, a.out or os.path.dirname(os.path.abspath(a.manifest)), a.seed, a.pool_size, a.name)
+    return 0
+
+
+def _augment_demo(a) -> int:
+    from ..augment.demo import main as demo
+    return demo(a.rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +136,24 @@ rest is imported. Exit 1 only if nothing usable remains, or with --strict if any
     s.add_argument("--jobs", type=int, default=os.cpu_count(), help=jobs_help)
     s.add_argument("--limit", type=int, default=None, help="decode only the first N utterances")
     s.set_defaults(func=_baseline)
+
+    s = sub.add_parser("far", help="far-field copy of a manifest through the acoustic simulator",
+                       formatter_class=fmt, description=(
+                           "Pass every utterance of a manifest (normally DIR/test.jsonl) once through the acoustic\n"
+                           "simulator (random shoebox room, reverberation, 0-3 noise sources, SNR 0-30 dB) with a\n"
+                           "fixed seed, writing OUT/audio/NAME/*.flac and OUT/NAME.jsonl. Re-runs skip finished files."))
+    s.add_argument("--manifest", required=True, help="source manifest, e.g. DIR/test.jsonl")
+    s.add_argument("--out", help="corpus folder to write into (default: the manifest's folder)")
+    s.add_argument("--seed", type=int, default=0, help="simulator seed (default 0)")
+    s.add_argument("--pool-size", type=int, default=32, help="rooms in the RIR pool (default 32)")
+    s.add_argument("--name", default="test_far", help="output name (default test_far)")
+    s.set_defaults(func=_far)
+
+    s = sub.add_parser("augment-demo", help="augmented WAVs and a spectrogram PNG to look at and listen to",
+                       formatter_class=fmt, add_help=False,
+                       description="Same as python -m asr.augment.demo: --manifest M.jsonl --out DIR [...]")
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(func=_augment_demo)
     return p
 
 
@@ -134,6 +165,10 @@ def main(argv=None) -> int:
     from .text import TextSourceError
     from .tokenizer import TokenizerError
     from .voices import ReservedVoiceError, VoiceConfigError
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["augment-demo"]:          # its own parser (asr.augment.demo), --help included
+        from ..augment.demo import main as demo
+        return demo(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,181 @@
+"""Recipe configuration: one YAML file per configuration, ``key=value`` overrides, strict validation.
+
+Sections mirror the pipeline: ``data`` (manifests, tokenizer, feature statistics), ``model`` (BFA sizes),
+``augment`` (VTLP, acoustic simulator, SpecAugment), ``train`` (optimisation and communication) and
+``decode``. Unknown keys are rejected with the list of valid ones, so a typo never silently falls back
+to a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class DataConfig:
+    train: str = "exp/corpus/train.jsonl"
+    dev: str = "exp/corpus/dev.jsonl"
+    tokenizer: str = "exp/corpus/tokenizer/tokenizer.model"
+    stats: str = "exp/corpus/stats/feature_stats.json"
+    max_duration: float = 20.0          # longer training utterances are skipped (logged)
+    dev_subset: int = 200               # dev utterances decoded for the per-epoch WER (0: all)
+
+
+@dataclass
+class ModelConfig:
+    enc_hidden: int = 256
+    enc_layers: int = 4
+    pool_after: list = field(default_factory=lambda: [0, 1])
+    dec_hidden: int = 256
+    dec_layers: int = 1
+    emb_dim: int = 128
+    att_dim: int = 256
+    attention: str = "location"
+    loc_channels: int = 10
+    loc_kernel: int = 31
+    dropout: float = 0.1
+    ctc_weight: float = 0.3
+    label_smoothing: float = 0.1
+
+
+@dataclass
+class AugmentSection:
+    enabled: bool = True
+    vtlp: bool = True
+    vtlp_range: list = field(default_factory=lambda: [0.9, 1.1])
+    sim_prob: float = 0.5
+    t60: list = field(default_factory=lambda: [0.1, 0.9])
+    snr_db: list = field(default_factory=lambda: [0.0, 30.0])
+    noise_sources: list = field(default_factory=lambda: [0, 3])
+    pool_size: int = 64
+    specaugment: bool = False
+    compression: str = "power"          # features: "power" (x ** (1/15)) or "log"
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    batch_seconds: float = 60.0         # audio per batch per worker (length-bucketed)
+    max_batch: int = 64                 # utterances per batch at most
+    lr: float = 1e-3                    # per worker; the peak learning rate is lr * world size
+    warmup_steps: int = 200
+    decay: float = 0.85                 # per epoch after warm-up
+    weight_decay: float = 0.0
+    clip: float = 5.0
+    compression: str = "none"           # hx.Compression.from_spec: none, fp16, bf16, global_qsgd8, topk0.01, ...
+    pipeline: bool = False
+    backward_passes_per_step: int = 1
+    amp: str = "none"                   # none | bf16 | fp16 (autocast on GPU hosts)
+    seed: int = 0
+    loader_workers: int = 1             # DataLoader worker processes per trainer (augmentation runs there)
+    threads: int = 1                    # torch threads per trainer
+    log_every: int = 10
+    keep_epochs: int = 0                # epoch checkpoints to keep (0: all); last.pt is always kept
+    out_dir: str = "exp/run"
+
+
+@dataclass
+class DecodeConfig:
+    beam: int = 1                       # 1: greedy
+    ctc_weight: float = 0.0
+    length_bonus: float = 0.0
+    batch_seconds: float = 120.0
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    augment: AugmentSection = field(default_factory=AugmentSection)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _coerce(value, typ, where: str):
+    origin = typing.get_origin(typ) or typ
+    if origin is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if origin is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+    if origin is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if origin is list:
+        if isinstance(value, str):
+            value = yaml.safe_load(value)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return value
+    if origin is str:
+        if not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _build(cls, values: dict, where: str):
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)       # real types (annotations are strings here)
+    unknown = sorted(set(values) - set(hints))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(hints))}")
+    kwargs = {}
+    for name, value in values.items():
+        typ, key = hints[name], f"{where}.{name}" if where else name
+        kwargs[name] = _build(typ, value, key) if dataclasses.is_dataclass(typ) else _coerce(value, typ, key)
+    return cls(**kwargs)
+
+
+def _set_path(tree: dict, dotted: str, value) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted}: {k} is not a section")
+    node[keys[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Read a YAML config and apply ``section.key=value`` overrides; errors name the file and key."""
+    tree: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"{path}: config file not found")
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {e}") from e
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected section.key=value (e.g. train.epochs=3)")
+        key, value = item.split("=", 1)
+        _set_path(tree, key.strip(), yaml.safe_load(value) if value.strip() else "")
+    try:
+        return _build(Config, tree, "")
+    except ConfigError as e:
+        raise ConfigError(f"{path or 'config'}: {e}") from None

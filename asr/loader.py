@@ -1,0 +1,172 @@
+"""Data for training and evaluation: manifest datasets, a length-bucketed distributed sampler, collate.
+
+Everything that touches audio runs in DataLoader worker processes (reading FLAC, augmentation,
+features, normalization, tokenization); the trainer receives padded feature tensors and token ids.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from .data.manifest import audio_path, read_manifest
+from .features import compute_features
+
+
+class Normalizer:
+    """Per-dimension mean/variance normalization with statistics from ``asr-prep stats``."""
+
+    def __init__(self, stats_path):
+        stats = json.loads(Path(stats_path).read_text())
+        for key in ("mean", "std"):
+            if key not in stats or len(stats[key]) != 40:
+                raise ValueError(f"{stats_path}: expected 40-dim '{key}' (written by asr-prep stats)")
+        self.mean = torch.tensor(stats["mean"], dtype=torch.float32)
+        self.std = torch.tensor(stats["std"], dtype=torch.float32).clamp_min(1e-5)
+        self.compression = stats.get("compression", "power")
+
+    def __call__(self, feats: torch.Tensor) -> torch.Tensor:
+        return (feats - self.mean) / self.std
+
+
+class Tokenizer:
+    """sentencepiece word pieces; loaded lazily so the object pickles cheaply into loader workers."""
+
+    def __init__(self, model_path):
+        self.model_path = str(model_path)
+        if not Path(self.model_path).exists():
+            raise FileNotFoundError(f"{self.model_path}: tokenizer model not found (run asr-prep tokenizer)")
+        self._sp = None
+
+    @property
+    def sp(self):
+        if self._sp is None:
+            import sentencepiece as spm
+            self._sp = spm.SentencePieceProcessor(model_file=self.model_path)
+        return self._sp
+
+    def __getstate__(self):
+        return {"model_path": self.model_path, "_sp": None}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.encode(text, out_type=int)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.sp.decode([i for i in ids if 0 <= i < self.vocab_size])
+
+
+class SpeechDataset(Dataset):
+    """Utterances of a manifest -> (utt_id, normalized features [T, 40], token ids, text).
+
+    With an ``augmenter`` (training), features come from it and depend on (seed, epoch, utt id);
+    without one (evaluation), clean features are computed."""
+
+    def __init__(self, manifest, tokenizer: Tokenizer, normalizer: Normalizer, augmenter=None,
+                 max_duration: float | None = None):
+        self.manifest = Path(manifest)
+        entries = read_manifest(self.manifest)
+        if max_duration:
+            entries = [e for e in entries if e["duration"] <= max_duration]
+        if not entries:
+            raise ValueError(f"{self.manifest}: no utterances" + (f" of at most {max_duration} s" if max_duration else ""))
+        self.entries = entries
+        self.tokenizer = tokenizer
+        self.normalizer = normalizer
+        self.augmenter = augmenter
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.fill_(int(epoch))
+
+    @property
+    def durations(self) -> list[float]:
+        return [e["duration"] for e in self.entries]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, i: int):
+        from .augment.dataset import load_wave
+        e = self.entries[i]
+        wave = load_wave(audio_path(e, self.manifest))
+        if self.augmenter is not None:
+            feats, _ = self.augmenter(wave, e["id"], int(self._epoch))
+        else:
+            feats = compute_features(wave, compression=self.normalizer.compression)
+        return e["id"], self.normalizer(feats), self.tokenizer.encode(e["text"]), e["text"]
+
+
+def collate(batch):
+    """Pad features with 0 and tokens with -1; return ids, feats [B,T,40], feat_lengths, tokens [B,L], lengths, texts."""
+    ids, feats, toks, texts = zip(*batch)
+    flen = torch.tensor([f.shape[0] for f in feats])
+    tlen = torch.tensor([len(t) for t in toks])
+    F = torch.zeros(len(batch), int(flen.max()), feats[0].shape[1])
+    T = torch.full((len(batch), max(int(tlen.max()), 1)), -1, dtype=torch.long)
+    for i, (f, t) in enumerate(zip(feats, toks)):
+        F[i, :f.shape[0]] = f
+        T[i, :len(t)] = torch.tensor(t, dtype=torch.long)
+    return list(ids), F, flen, T, tlen, list(texts)
+
+
+class BucketBatchSampler(Sampler):
+    """Length-bucketed batches, split across ranks.
+
+    Utterances are sorted by duration (with a seeded jitter so buckets vary per epoch), packed into
+    batches of at most ``batch_seconds`` of padded audio (longest x count) and ``max_batch``
+    utterances, shuffled per epoch with a seed shared by all ranks, and dealt round-robin to the
+    ranks. Every rank gets the same number of batches (the last ones are dropped if they do not
+    divide evenly): a rank that ran out early would leave the others waiting in an allreduce.
+    """
+
+    def __init__(self, durations, batch_seconds: float, max_batch: int, num_replicas: int = 1, rank: int = 0,
+                 seed: int = 0, shuffle: bool = True):
+        self.durations = list(durations)
+        self.batch_seconds, self.max_batch = batch_seconds, max_batch
+        self.num_replicas, self.rank, self.seed, self.shuffle = num_replicas, rank, seed, shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _batches(self) -> list[list[int]]:
+        rng = random.Random(self.seed * 100_003 + self.epoch)
+        jitter = [rng.uniform(0, 0.1) if self.shuffle else 0.0 for _ in self.durations]
+        order = sorted(range(len(self.durations)), key=lambda i: self.durations[i] * (1 + jitter[i]))
+        batches, cur, longest = [], [], 0.0
+        for i in order:
+            d = self.durations[i]
+            if cur and (max(longest, d) * (len(cur) + 1) > self.batch_seconds or len(cur) >= self.max_batch):
+                batches.append(cur)
+                cur, longest = [], 0.0
+            cur.append(i)
+            longest = max(longest, d)
+        if cur:
+            batches.append(cur)
+        if self.shuffle:
+            rng.shuffle(batches)
+        per_rank = len(batches) // self.num_replicas if self.num_replicas > 1 else len(batches)
+        if per_rank == 0:
+            raise ValueError(f"{len(batches)} batches cannot be split across {self.num_replicas} workers; "
+                             f"lower train.batch_seconds or use more data")
+        return batches[self.rank:per_rank * self.num_replicas:self.num_replicas]
+
+    def __iter__(self):
+        return iter(self._batches())
+
+    def __len__(self) -> int:
+        return len(self._batches())
+
+
+def eval_batches(durations, batch_seconds: float, max_batch: int = 64) -> list[list[int]]:
+    """Deterministic length-sorted batches for evaluation (every utterance exactly once)."""
+    return BucketBatchSampler(durations, batch_seconds, max_batch, shuffle=False)._batches()

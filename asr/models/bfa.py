@@ -1,0 +1,188 @@
+"""BFA: a BiLSTM encoder with max-pool time reduction and a full-attention LSTM decoder over word pieces.
+
+After Kim et al. (ASRU 2019): stacked bidirectional LSTMs read 40-dim features; max-pooling between
+the first layers reduces the frame rate (x4 by default); an LSTM decoder attends over all encoder
+frames (additive or location-aware attention) and emits sentencepiece word pieces. An optional CTC
+head on the encoder gives joint CTC-attention training and CTC rescoring at decode time.
+
+Token layout: word pieces 0..V-1 from sentencepiece, ``eos = V`` (also the decoder's start
+symbol), and for CTC ``blank = V`` as well (CTC never emits eos, attention never emits blank, and
+the two heads are separate layers).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+
+@dataclass
+class BFAConfig:
+    vocab_size: int                       # sentencepiece pieces (without eos)
+    feat_dim: int = 40
+    enc_hidden: int = 256                 # per direction
+    enc_layers: int = 4
+    pool_after: list = field(default_factory=lambda: [0, 1])   # max-pool x2 after these encoder layers
+    dec_hidden: int = 256
+    dec_layers: int = 1
+    emb_dim: int = 128
+    att_dim: int = 256
+    attention: str = "location"           # "additive" or "location"
+    loc_channels: int = 10
+    loc_kernel: int = 31
+    dropout: float = 0.1
+    ctc_weight: float = 0.3               # 0 disables the CTC head
+    label_smoothing: float = 0.1
+
+    @property
+    def eos(self) -> int:
+        return self.vocab_size
+
+
+class Encoder(nn.Module):
+    def __init__(self, c: BFAConfig):
+        super().__init__()
+        self.layers = nn.ModuleList()
+        dim = c.feat_dim
+        for _ in range(c.enc_layers):
+            self.layers.append(nn.LSTM(dim, c.enc_hidden, batch_first=True, bidirectional=True))
+            dim = 2 * c.enc_hidden
+        self.pool_after = set(c.pool_after)
+        self.dropout = nn.Dropout(c.dropout)
+        self.out_dim = dim
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor):
+        for i, lstm in enumerate(self.layers):
+            packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            x, _ = lstm(packed)
+            x, _ = pad_packed_sequence(x, batch_first=True)
+            x = self.dropout(x)
+            if i in self.pool_after:
+                if x.shape[1] % 2:
+                    x = F.pad(x, (0, 0, 0, 1))
+                x = F.max_pool1d(x.transpose(1, 2), kernel_size=2, stride=2).transpose(1, 2)
+                lengths = (lengths + 1) // 2
+        return x, lengths
+
+    def reduction(self) -> int:
+        return 2 ** len(self.pool_after)
+
+
+class Attention(nn.Module):
+    """Additive (Bahdanau) attention, optionally location-aware (Chorowski et al., 2015)."""
+
+    def __init__(self, c: BFAConfig, enc_dim: int):
+        super().__init__()
+        self.enc_proj = nn.Linear(enc_dim, c.att_dim)
+        self.dec_proj = nn.Linear(c.dec_hidden, c.att_dim, bias=False)
+        self.v = nn.Linear(c.att_dim, 1, bias=False)
+        self.location = c.attention == "location"
+        if self.location:
+            self.loc_conv = nn.Conv1d(1, c.loc_channels, c.loc_kernel, padding=c.loc_kernel // 2, bias=False)
+            self.loc_proj = nn.Linear(c.loc_channels, c.att_dim, bias=False)
+        elif c.attention != "additive":
+            raise ValueError(f"attention must be 'additive' or 'location', got {c.attention!r}")
+
+    def forward(self, enc_keys, enc, mask, query, prev_weights):
+        """enc_keys: projected encoder [B,T,A]; mask: [B,T] True on valid frames; query: [B,H]."""
+        e = enc_keys + self.dec_proj(query).unsqueeze(1)
+        if self.location:
+            loc = self.loc_conv(prev_weights.unsqueeze(1)).transpose(1, 2)
+            e = e + self.loc_proj(loc)
+        scores = self.v(torch.tanh(e)).squeeze(-1).masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        context = torch.bmm(weights.unsqueeze(1), enc).squeeze(1)
+        return context, weights
+
+
+class Decoder(nn.Module):
+    def __init__(self, c: BFAConfig, enc_dim: int):
+        super().__init__()
+        self.c = c
+        self.embed = nn.Embedding(c.vocab_size + 1, c.emb_dim)
+        self.cells = nn.ModuleList(
+            nn.LSTMCell((c.emb_dim + enc_dim) if i == 0 else c.dec_hidden, c.dec_hidden) for i in range(c.dec_layers))
+        self.attention = Attention(c, enc_dim)
+        self.out = nn.Linear(c.dec_hidden + enc_dim, c.vocab_size + 1)
+        self.dropout = nn.Dropout(c.dropout)
+        self.enc_dim = enc_dim
+
+    def init_state(self, enc, enc_lengths):
+        B, T, _ = enc.shape
+        mask = torch.arange(T, device=enc.device)[None, :] < enc_lengths[:, None]
+        zeros = enc.new_zeros(B, self.c.dec_hidden)
+        hidden = [(zeros, zeros) for _ in self.cells]
+        weights = mask.float() / enc_lengths[:, None].float()
+        context = enc.new_zeros(B, self.enc_dim)
+        return {"keys": self.attention.enc_proj(enc), "enc": enc, "mask": mask, "hidden": hidden,
+                "weights": weights, "context": context}
+
+    def step(self, state, prev_tokens):
+        """One decoder step: returns logits [B, V+1] and the new state (the old one is not modified)."""
+        x = torch.cat([self.embed(prev_tokens), state["context"]], dim=-1)
+        hidden = []
+        for i, cell in enumerate(self.cells):
+            h, c = cell(x, state["hidden"][i])
+            hidden.append((h, c))
+            x = self.dropout(h)
+        context, weights = self.attention(state["keys"], state["enc"], state["mask"], hidden[-1][0], state["weights"])
+        logits = self.out(torch.cat([x, context], dim=-1))
+        new = dict(state, hidden=hidden, context=context, weights=weights)
+        return logits, new
+
+    def forward(self, enc, enc_lengths, targets_in):
+        """Teacher forcing: targets_in [B, L] starts with eos (the start symbol)."""
+        state = self.init_state(enc, enc_lengths)
+        outs = []
+        for t in range(targets_in.shape[1]):
+            logits, state = self.step(state, targets_in[:, t])
+            outs.append(logits)
+        return torch.stack(outs, dim=1)
+
+
+class BFA(nn.Module):
+    def __init__(self, config: BFAConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config, self.encoder.out_dim)
+        self.ctc_head = nn.Linear(self.encoder.out_dim, config.vocab_size + 1) if config.ctc_weight > 0 else None
+
+    def encode(self, feats, feat_lengths):
+        return self.encoder(feats, feat_lengths)
+
+    def forward(self, feats, feat_lengths, tokens, token_lengths):
+        """Returns (loss, stats). tokens: [B, L] word pieces padded with -1; token_lengths: [B]."""
+        c = self.config
+        enc, enc_lengths = self.encode(feats, feat_lengths)
+        B, L = tokens.shape
+        eos = torch.full((B, 1), c.eos, dtype=tokens.dtype, device=tokens.device)
+        valid = tokens >= 0
+        tokens0 = tokens.masked_fill(~valid, c.eos)
+        targets_in = torch.cat([eos, tokens0], dim=1)                          # eos y1 .. yL
+        targets_out = torch.cat([tokens, torch.full_like(eos, -1)], dim=1)     # y1 .. yL eos
+        targets_out[torch.arange(B), token_lengths] = c.eos
+        logits = self.decoder(enc, enc_lengths, targets_in)
+        att_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets_out.reshape(-1),
+                                   ignore_index=-1, label_smoothing=c.label_smoothing)
+        stats = {"att_loss": float(att_loss.detach())}
+        loss = att_loss
+        if self.ctc_head is not None:
+            log_probs = F.log_softmax(self.ctc_head(enc), dim=-1).transpose(0, 1)   # [T, B, V+1]
+            ctc_loss = F.ctc_loss(log_probs, tokens0, enc_lengths, token_lengths, blank=c.eos,
+                                  reduction="mean", zero_infinity=True)
+            stats["ctc_loss"] = float(ctc_loss.detach())
+            loss = (1 - c.ctc_weight) * att_loss + c.ctc_weight * ctc_loss
+        with torch.no_grad():
+            pred = logits.argmax(-1)
+            mask = targets_out >= 0
+            stats["acc"] = float(((pred == targets_out) & mask).sum() / mask.sum().clamp_min(1))
+        stats["loss"] = float(loss.detach())
+        return loss, stats
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

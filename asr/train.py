@@ -1,0 +1,251 @@
+"""Train the BFA model with Horovod through horovod_ext; one process per worker.
+
+    horovodrun -np 2 -H localhost:2 python -m asr.train --config recipes/bfa/conf/cpu-small.yaml \\
+        train.compression=global_qsgd8 train.pipeline=true
+    horovodrun -np 8 -H node1:4,node2:4 python -m asr.train --config recipes/bfa/conf/gpu-full.yaml
+
+Every epoch: length-bucketed batches dealt to the workers, augmentation and features on CPU loader
+workers, gradients averaged by ``hx.DistributedOptimizer`` (compression and pipelining from the
+config), gradient clipping, warm-up then decay of a learning rate scaled by the world size; at the
+end of the epoch the pipeline is flushed, a greedy WER is measured on the dev set (shared across
+workers), and rank 0 writes ``checkpoints/epochNNN.pt`` and ``last.pt`` atomically and appends to
+``train_log.jsonl``. ``--resume`` continues from ``last.pt``. On GPU hosts each worker takes the GPU
+of its local rank; elsewhere the same command runs on the CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m asr.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="YAML config (recipes/bfa/conf/*.yaml)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT_DIR/checkpoints/last.pt if it exists")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.epochs=3")
+    return p.parse_args(argv)
+
+
+def atomic_save(obj, path: Path) -> None:
+    """Write to a temporary file in the same folder, then rename: a crash leaves the last good file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def lr_factor(step: int, epoch: int, warmup: int, decay: float) -> float:
+    return min(1.0, (step + 1) / max(warmup, 1)) * decay ** epoch
+
+
+def word_errors(ref: str, hyp: str) -> tuple[int, int]:
+    import torchaudio.functional as AF
+    r, h = ref.split(), hyp.split()
+    return AF.edit_distance(r, h), len(r)
+
+
+class Babble:
+    """Babble noise source for the simulator: random training utterances (picklable).
+
+    Draws from a fixed subset of ``pool`` utterances, decoded once per loader worker and kept, so a
+    babble source costs no audio decoding after warm-up."""
+
+    def __init__(self, dataset, pool: int = 64):
+        from .data.manifest import audio_path
+        step = max(1, len(dataset.entries) // pool)
+        self.paths = [str(audio_path(e, dataset.manifest)) for e in dataset.entries[::step][:pool]]
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def __call__(self, rng):
+        from .augment.dataset import load_wave
+        i = int(rng.integers(len(self.paths)))
+        if i not in self._cache:
+            self._cache[i] = load_wave(self.paths[i])
+        return self._cache[i]
+
+
+def build_augmenter(cfg, dataset, seed: int):
+    if not cfg.augment.enabled:
+        return None
+    from .augment.pipeline import AugmentConfig, Augmenter
+    a = cfg.augment
+    ac = AugmentConfig(vtlp=a.vtlp, vtlp_range=tuple(a.vtlp_range), sim_prob=a.sim_prob, t60=tuple(a.t60),
+                       snr_db=tuple(a.snr_db), noise_sources=tuple(a.noise_sources), pool_size=a.pool_size,
+                       specaugment=a.specaugment, features=a.compression)
+    return Augmenter(ac, seed=seed, babble=Babble(dataset))
+
+
+def main(argv=None) -> int:
+    import horovod.torch as hvd
+    import horovod_ext as hx
+    from torch.utils.data import DataLoader
+    from tqdm import tqdm
+
+    from .config import ConfigError, load_config
+    from .decode import greedy
+    from .loader import BucketBatchSampler, Normalizer, SpeechDataset, Tokenizer, collate, eval_batches
+    from .models.bfa import BFA, BFAConfig, parameter_count
+
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"asr.train: {e}", file=sys.stderr)
+        return 2
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    torch.set_num_threads(cfg.train.threads)
+    device = torch.device(f"cuda:{hvd.local_rank()}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    out = Path(cfg.train.out_dir)
+    log_path = out / "train_log.jsonl"
+
+    def log(rec: dict, echo: bool = True) -> None:
+        if rank != 0:
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if echo:
+            tqdm.write("[train] " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                             for k, v in rec.items() if not isinstance(v, dict)))
+
+    tok = Tokenizer(cfg.data.tokenizer)
+    norm = Normalizer(cfg.data.stats)
+    train_set = SpeechDataset(cfg.data.train, tok, norm, max_duration=cfg.data.max_duration)
+    train_set.augmenter = build_augmenter(cfg, train_set, cfg.train.seed)
+    dev_set = SpeechDataset(cfg.data.dev, tok, norm)
+    if cfg.data.dev_subset:
+        dev_set.entries = dev_set.entries[:cfg.data.dev_subset]
+    sampler = BucketBatchSampler(train_set.durations, cfg.train.batch_seconds, cfg.train.max_batch, size, rank,
+                                 seed=cfg.train.seed)
+    loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate, num_workers=cfg.train.loader_workers,
+                        persistent_workers=cfg.train.loader_workers > 0)
+
+    model_cfg = BFAConfig(vocab_size=tok.vocab_size, **dataclasses.asdict(cfg.model))
+    torch.manual_seed(cfg.train.seed)
+    model = BFA(model_cfg).to(device)
+    base = torch.optim.Adam(model.parameters(), lr=cfg.train.lr * size, weight_decay=cfg.train.weight_decay)
+    opt = hx.DistributedOptimizer(base, model.named_parameters(),
+                                  compression=hx.Compression.from_spec(cfg.train.compression),
+                                  backward_passes_per_step=cfg.train.backward_passes_per_step,
+                                  pipeline=cfg.train.pipeline)
+    start_epoch, step = 0, 0
+    last = out / "checkpoints" / "last.pt"
+    if args.resume and last.exists():
+        ckpt = torch.load(last, map_location="cpu", weights_only=False) if rank == 0 else None
+        if rank == 0:
+            model.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["optimizer"])
+        start_epoch, step = hvd.broadcast_object((ckpt["epoch"] + 1, ckpt["step"]) if rank == 0 else None, 0,
+                                                 name="resume")
+        log({"event": "resume", "from": str(last), "epoch": start_epoch, "step": step})
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    peak_lr = cfg.train.lr * size
+    if start_epoch == 0:
+        log({"event": "start", "workers": size, "device": str(device), "parameters": parameter_count(model),
+             "vocab": tok.vocab_size, "train_utts": len(train_set), "dev_utts": len(dev_set),
+             "batches_per_epoch": len(sampler), "compression": cfg.train.compression,
+             "pipeline": cfg.train.pipeline, "peak_lr": peak_lr, "config": cfg.to_dict()})
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.amp)
+    if amp_dtype is not None and device.type != "cuda":
+        log({"event": "note", "message": f"train.amp={cfg.train.amp} is for GPU hosts; training in fp32 on the CPU"})
+        amp_dtype = None
+    scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
+
+    for epoch in range(start_epoch, cfg.train.epochs):
+        torch.manual_seed(cfg.train.seed * 1000 + epoch * 10 + rank)   # dropout: reproducible per epoch
+        sampler.set_epoch(epoch)
+        train_set.set_epoch(epoch)
+        model.train()
+        t0 = time.time()
+        sums = {"loss": 0.0, "att_loss": 0.0, "ctc_loss": 0.0, "acc": 0.0}
+        n = 0
+        # A live bar on a terminal; under horovodrun (output piped, prefixed per line) a line every 30 s.
+        interactive = rank == 0 and sys.stderr.isatty()
+        bar = tqdm(loader, desc=f"epoch {epoch}", disable=not interactive, leave=False, dynamic_ncols=True)
+        last_note = time.time()
+        for ids, feats, flen, toks, tlen, _ in bar:
+            for g in opt.param_groups:
+                g["lr"] = peak_lr * lr_factor(step, epoch, cfg.train.warmup_steps, cfg.train.decay)
+            opt.zero_grad(set_to_none=True)
+            feats, flen, toks, tlen = feats.to(device), flen, toks.to(device), tlen.to(device)
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                loss, stats = model(feats, flen, toks, tlen)
+            (scaler.scale(loss) if scaler else loss).backward()
+            opt.synchronize()
+            if scaler:
+                scaler.unscale_(opt)
+            gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip))
+            with opt.skip_synchronize():
+                if scaler:
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    opt.step()
+            for k in sums:
+                sums[k] += stats.get(k, 0.0)
+            n += 1
+            step += 1
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['acc']:.2f}")
+            if rank == 0 and not interactive and time.time() - last_note > 30:
+                last_note = time.time()
+                per = (last_note - t0) / n
+                print(f"[train] epoch {epoch} batch {n}/{len(sampler)} loss {stats['loss']:.3f} acc {stats['acc']:.2f} "
+                      f"({per:.2f} s/step, epoch eta {per * (len(sampler) - n):.0f} s)", flush=True)
+            if step % cfg.train.log_every == 0:
+                log({"event": "step", "epoch": epoch, "step": step, "lr": opt.param_groups[0]["lr"],
+                     "grad_norm": gnorm, **stats}, echo=False)
+        opt.flush()
+        bar.close()
+        train_s = time.time() - t0
+        # Greedy WER on the dev set, each worker decoding its share.
+        model.eval()
+        errs = words = 0
+        batches = eval_batches(dev_set.durations, cfg.decode.batch_seconds)
+        with torch.no_grad():
+            for b in batches[rank::size]:
+                ids, feats, flen, _, _, texts = collate([dev_set[i] for i in b])
+                hyps = greedy(model, feats.to(device), flen)
+                for hyp, ref in zip(hyps, texts):
+                    e, w = word_errors(ref, tok.decode(hyp))
+                    errs, words = errs + e, words + w
+        tot = hvd.allreduce(torch.tensor([errs, words], dtype=torch.float64), op=hvd.Sum, name=f"devwer.{epoch}")
+        mean = hvd.allreduce(torch.tensor([sums[k] / max(n, 1) for k in sums], dtype=torch.float64),
+                             op=hvd.Average, name=f"trainloss.{epoch}")
+        dev_wer = float(tot[0] / max(tot[1], 1))
+        comm = opt.comm_stats()["total"]
+        rec = {"event": "epoch", "epoch": epoch, "step": step, "train_loss": float(mean[0]),
+               "train_att_loss": float(mean[1]), "train_ctc_loss": float(mean[2]), "train_acc": float(mean[3]),
+               "dev_wer_greedy": dev_wer, "train_s": train_s, "eval_s": time.time() - t0 - train_s,
+               "lr": opt.param_groups[0]["lr"], "bits_per_element": comm["bits_per_element"],
+               "comm_wait_s": comm["wait_s"]}
+        if rank == 0:
+            ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch, "step": step,
+                    "model_config": dataclasses.asdict(model_cfg), "config": cfg.to_dict(),
+                    "tokenizer": str(Path(cfg.data.tokenizer).resolve()), "stats": str(Path(cfg.data.stats).resolve()),
+                    "dev_wer_greedy": dev_wer}
+            atomic_save(ckpt, out / "checkpoints" / f"epoch{epoch:03d}.pt")
+            atomic_save(ckpt, last)
+            if cfg.train.keep_epochs:
+                for old in sorted((out / "checkpoints").glob("epoch*.pt"))[:-cfg.train.keep_epochs]:
+                    old.unlink()
+        log(rec)
+        hvd.allreduce(torch.zeros(1), name=f"epoch_end.{epoch}")        # everyone waits for the checkpoint
+    if rank == 0:
+        (out / "DONE").write_text(json.dumps({"epochs": cfg.train.epochs, "step": step}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
