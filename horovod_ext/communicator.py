@@ -6,6 +6,8 @@ handles; compressors yield them to the optimizer's scheduler, which waits for th
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import horovod.torch as hvd
 
@@ -57,4 +59,13 @@ class Communicator:
 
     @staticmethod
     def wait(handle):
+        """Wait for a collective without spinning.
+
+        ``hvd.synchronize`` busy-waits (poll, yield, re-take the GIL, poll ...): from a background
+        thread that steals a core and the GIL from the training thread. Polling with a short,
+        growing sleep (50 us to 2 ms) leaves both to the work that matters."""
+        delay = 5e-5
+        while not hvd.poll(handle):
+            time.sleep(delay)
+            delay = min(2 * delay, 2e-3)
         return hvd.synchronize(handle)

@@ -13,6 +13,9 @@ class CommStats:
     ``bytes_handed`` counts the bytes of every tensor this worker passes to a Horovod collective
     (allreduce, allgather, alltoall): what one worker contributes, before Horovod's own fusion.
     ``bits_per_element`` divides that by the number of gradient elements reduced in the step.
+    ``wait_s`` is the time the training thread spent blocked waiting for reductions (exposed
+    communication, including waiting for slower workers); ``compress_s``/``decompress_s`` is codec
+    work, wherever it ran (training thread or the background driver).
     """
     steps: int = 0
     bytes_handed: int = 0
