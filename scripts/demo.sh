@@ -12,6 +12,5 @@ cd "$ROOT"
 T0=$(date +%s)
 bash recipes/bfa/run.sh --conf recipes/bfa/conf/cpu-small.yaml --size small --limit 1000 --vocab 300 \
   --workers 2 --exp exp/demo "$@" -- \
-  train.epochs=6 train.batch_seconds=40 train.warmup_steps=60 train.lr=0.001 decode.beam=1 \
-  augment.pool_size=12 data.dev_subset=100
+  train.epochs=10 decode.beam=1 augment.pool_size=12 data.dev_subset=100
 echo "[demo] finished in $(( $(date +%s) - T0 )) s: exp/demo/train_log.jsonl, exp/demo/wer_per_epoch.{json,png}"

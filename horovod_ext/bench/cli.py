@@ -27,7 +27,7 @@ from .launch import horovodrun
 DEFAULT_HX = "fp16,bf16,global_qsgd8,global_qsgd4,topk0.01,random_block0.01"
 BASELINES = "hvd_fp32,hvd_fp16,ddp,ddp_powersgd"
 SETTINGS = {  # batch x frames per worker
-    "bfa": {"comm-bound": (1, 40), "compute-bound": (8, 200)},
+    "bfa": {"comm-bound": (1, 40), "compute-bound": (2, 200)},
     "small": {"comm-bound": (8, 1), "compute-bound": (2048, 1)},
 }
 
