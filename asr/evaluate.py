@@ -66,7 +66,8 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     rows = []
     batches = eval_batches(ds.durations, batch_seconds if beam == 1 else 1e-9, max_batch=64 if beam == 1 else 1)
     with torch.no_grad():
-        for b in tqdm(batches, desc=desc or Path(manifest).name, leave=False, dynamic_ncols=True):
+        for b in tqdm(batches, desc=desc or Path(manifest).name, leave=False, dynamic_ncols=True,
+                      disable=not sys.stderr.isatty()):
             ids, feats, flen, _, _, texts = collate([ds[i] for i in b])
             if beam == 1:
                 hyps = greedy(model, feats, flen)
