@@ -29,28 +29,18 @@ REQUIRED_FIELDS = ("audio_filepath", "text", "duration")
 
 
 def read_manifest(path: Path) -> list[dict]:
-    """Entries of a JSONL manifest with audio_filepath resolved; errors name the file, line and field."""
-    entries = []
+    """Entries of a JSONL manifest with audio_filepath resolved; errors name the file, line and field.
+
+    Uses the project's manifest reader, requiring only the NeMo-style fields (``id`` is optional here)."""
+    from ..data.manifest import ManifestError, audio_path
+    from ..data.manifest import read_manifest as read_jsonl
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read manifest: {e.strerror}") from e
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object")
-        for key in REQUIRED_FIELDS:
-            if key not in obj:
-                raise ValueError(f"{path}:{lineno}: missing field {key!r}")
-        audio = Path(obj["audio_filepath"])
-        obj["audio_path"] = audio if audio.is_absolute() else path.resolve().parent / audio
-        obj.setdefault("id", obj.get("utt_id", audio.stem))
-        entries.append(obj)
+        entries = read_jsonl(path, required=REQUIRED_FIELDS)
+    except ManifestError as e:
+        raise ValueError(str(e)) from e
+    for obj in entries:
+        obj["audio_path"] = audio_path(obj, path)
+        obj.setdefault("id", obj.get("utt_id", Path(obj["audio_filepath"]).stem))
     if not entries:
         raise ValueError(f"{path}: manifest has no entries")
     return entries
