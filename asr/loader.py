@@ -6,11 +6,9 @@ features, normalization, tokenization); the trainer receives padded feature tens
 from __future__ import annotations
 
 import json
-import math
 import random
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 

@@ -96,15 +96,20 @@ def _librispeech(src: Path, rejects: RejectLog, split: str) -> list[Candidate]:
     return out
 
 
-def _jsonl(src: Path, rejects: RejectLog, split: str) -> list[Candidate]:
-    out = []
-    for lineno, raw in enumerate(src.read_bytes().splitlines(), 1):
+def _text_lines(src: Path, raw_lines, first: int, rejects: RejectLog, split: str):
+    """(where, decoded line) for each non-empty line; lines that are not UTF-8 are rejected by _decode_line."""
+    for lineno, raw in enumerate(raw_lines, first):
         if not raw.strip():
             continue
         where = f"{src}:{lineno}"
         line = _decode_line(raw, where, rejects, split, None)
-        if line is None:
-            continue
+        if line is not None:
+            yield where, line
+
+
+def _jsonl(src: Path, rejects: RejectLog, split: str) -> list[Candidate]:
+    out = []
+    for where, line in _text_lines(src, src.read_bytes().splitlines(), 1, rejects, split):
         try:
             obj = json.loads(line)
             path = obj["audio_filepath"]
@@ -138,13 +143,7 @@ def _tsv(src: Path, rejects: RejectLog, split: str) -> list[Candidate]:
         raise ImportFailed(f"{src}:1: TSV header must name a path column ({'/'.join(_TSV_COLUMNS['path'])}) and a "
                            f"text column ({'/'.join(_TSV_COLUMNS['text'])}); got {header}")
     out = []
-    for lineno, raw in enumerate(raw_lines[1:], 2):
-        if not raw.strip():
-            continue
-        where = f"{src}:{lineno}"
-        line = _decode_line(raw, where, rejects, split, None)
-        if line is None:
-            continue
+    for where, line in _text_lines(src, raw_lines[1:], 2, rejects, split):
         row = next(csv.reader(io.StringIO(line), delimiter="\t", quoting=csv.QUOTE_NONE))
         if len(row) <= max(cols["path"], cols["text"]):
             rejects.add(Rejection(None, where, "bad_entry", f"{len(row)} columns, header has {len(header)}", split))

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from ..stats import CommStats
 from .models import build, parameter_count
 
 HOROVOD = ("hvd_fp32", "hvd_fp16")
@@ -149,7 +150,6 @@ def main(argv=None) -> None:
         if hx_opt is not None:
             st = hx_opt.comm_stats()["total"]
             k = max(st["steps"], 1)
-            from ..stats import CommStats
             cs = CommStats(**{f: st[f] for f in CommStats.__dataclass_fields__})
             rec["adaptive"] = hx_opt.comm_stats()["adaptive"]
             rec.update(bytes_per_step=st["bytes_handed"] / k, wire_bytes_per_step=cs.wire_bytes(n) / k,
