@@ -30,6 +30,7 @@ class ModelConfig:
     enc_hidden: int = 256
     enc_layers: int = 4
     pool_after: list = field(default_factory=lambda: [0, 1])
+    frame_stack: int = 1
     dec_hidden: int = 256
     dec_layers: int = 1
     emb_dim: int = 128
@@ -59,6 +60,7 @@ class AugmentSection:
 @dataclass
 class TrainConfig:
     epochs: int = 10
+    max_minutes: float = 0.0            # stop before an epoch that would end after this much training (0: no limit)
     batch_seconds: float = 60.0         # audio per batch per worker (length-bucketed)
     max_batch: int = 64                 # utterances per batch at most
     lr: float = 1e-3                    # per worker; the peak learning rate is lr * world size

@@ -1,4 +1,4 @@
-"""Decoding for the BFA model: batched greedy search and beam search, with optional CTC rescoring."""
+"""Decoding for the BFA model: batched greedy search and beam search (optional CTC rescoring), and CTC best path."""
 from __future__ import annotations
 
 import torch
@@ -30,6 +30,24 @@ def greedy(model: BFA, feats, feat_lengths, max_ratio: float = 1.0) -> list[list
         done |= prev == eos
         if bool(done.all()):
             break
+    return hyps
+
+
+@torch.no_grad()
+def ctc_greedy(model: BFA, feats, feat_lengths) -> list[list[int]]:
+    """Best path of the CTC head: argmax per encoder frame, repeats merged, blanks dropped.
+
+    Needs no decoder, so it reads what the encoder has learned even while the attention decoder still
+    loops or stops early (the usual state of the first epochs)."""
+    if model.ctc_head is None:
+        raise ValueError("ctc_greedy needs a model trained with a CTC head (model.ctc_weight > 0)")
+    blank = model.config.eos
+    enc, enc_lengths = model.encode(feats, feat_lengths)
+    best = model.ctc_head(enc).argmax(-1)
+    hyps = []
+    for b in range(best.shape[0]):
+        path = torch.unique_consecutive(best[b, :int(enc_lengths[b])])
+        hyps.append([int(t) for t in path if int(t) != blank])
     return hyps
 
 

@@ -52,6 +52,18 @@ def word_errors(ref: str, hyp: str) -> tuple[int, int]:
     return AF.edit_distance(r, h), len(r)
 
 
+def _trained_seconds(log_path: Path) -> float:
+    """Training + evaluation seconds already spent by the epochs in a run's log (for --resume)."""
+    if not log_path.exists():
+        return 0.0
+    total = 0.0
+    for line in log_path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("event") == "epoch":
+            total += rec.get("train_s", 0.0) + rec.get("eval_s", 0.0)
+    return total
+
+
 class Babble:
     """Babble noise source for the simulator: random training utterances (picklable).
 
@@ -90,7 +102,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from .config import ConfigError, load_config
-    from .decode import greedy
+    from .decode import ctc_greedy, greedy
     from .loader import BucketBatchSampler, Normalizer, SpeechDataset, Tokenizer, collate, eval_batches
     from .models.bfa import BFA, BFAConfig, parameter_count
 
@@ -163,7 +175,17 @@ def main(argv=None) -> int:
         amp_dtype = None
     scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
 
+    budget_s = cfg.train.max_minutes * 60
+    trained_s = hvd.broadcast_object(_trained_seconds(log_path) if rank == 0 else None, 0, name="trained_s")
+    epochs_done = start_epoch
     for epoch in range(start_epoch, cfg.train.epochs):
+        if budget_s and (trained_s >= budget_s or epoch > start_epoch and trained_s + epoch_s > budget_s):
+            # Stop before an epoch that would not end within the budget (all ranks decide alike: the
+            # figures come from allreduced/broadcast values).
+            log({"event": "budget", "message": f"stopping before epoch {epoch}: {trained_s / 60:.1f} of "
+                 f"train.max_minutes={cfg.train.max_minutes:g} used"
+                 + (f", an epoch takes {epoch_s / 60:.1f}" if epoch > start_epoch else "")})
+            break
         torch.manual_seed(cfg.train.seed * 1000 + epoch * 10 + rank)   # dropout: reproducible per epoch
         sampler.set_epoch(epoch)
         train_set.set_epoch(epoch)
@@ -211,23 +233,28 @@ def main(argv=None) -> int:
         train_s = time.time() - t0
         # Greedy WER on the dev set, each worker decoding its share.
         model.eval()
-        errs = words = 0
+        errs = ctc_errs = words = 0
         batches = eval_batches(dev_set.durations, cfg.decode.batch_seconds)
         with torch.no_grad():
             for b in batches[rank::size]:
                 ids, feats, flen, _, _, texts = collate([dev_set[i] for i in b])
                 hyps = greedy(model, feats.to(device), flen)
-                for hyp, ref in zip(hyps, texts):
+                ctc_hyps = ctc_greedy(model, feats.to(device), flen) if model.ctc_head is not None else hyps
+                for hyp, ctc_hyp, ref in zip(hyps, ctc_hyps, texts):
                     e, w = word_errors(ref, tok.decode(hyp))
                     errs, words = errs + e, words + w
-        tot = hvd.allreduce(torch.tensor([errs, words], dtype=torch.float64), op=hvd.Sum, name=f"devwer.{epoch}")
+                    ctc_errs += word_errors(ref, tok.decode(ctc_hyp))[0]
+        tot = hvd.allreduce(torch.tensor([errs, words, ctc_errs], dtype=torch.float64), op=hvd.Sum,
+                            name=f"devwer.{epoch}")
         mean = hvd.allreduce(torch.tensor([sums[k] / max(n, 1) for k in sums], dtype=torch.float64),
                              op=hvd.Average, name=f"trainloss.{epoch}")
         dev_wer = float(tot[0] / max(tot[1], 1))
         comm = opt.comm_stats()["total"]
         rec = {"event": "epoch", "epoch": epoch, "step": step, "train_loss": float(mean[0]),
                "train_att_loss": float(mean[1]), "train_ctc_loss": float(mean[2]), "train_acc": float(mean[3]),
-               "dev_wer_greedy": dev_wer, "train_s": train_s, "eval_s": time.time() - t0 - train_s,
+               "dev_wer_greedy": dev_wer,
+               **({"dev_wer_ctc": float(tot[2] / max(tot[1], 1))} if model.ctc_head is not None else {}),
+               "train_s": train_s, "eval_s": time.time() - t0 - train_s,
                "lr": opt.param_groups[0]["lr"], "bits_per_element": comm["bits_per_element"],
                "comm_wait_s": comm["wait_s"]}
         if rank == 0:
@@ -241,9 +268,13 @@ def main(argv=None) -> int:
                 for old in sorted((out / "checkpoints").glob("epoch*.pt"))[:-cfg.train.keep_epochs]:
                     old.unlink()
         log(rec)
-        hvd.allreduce(torch.zeros(1), name=f"epoch_end.{epoch}")        # everyone waits for the checkpoint
+        epoch_s = float(hvd.allreduce(torch.tensor(time.time() - t0, dtype=torch.float64), op=hvd.Max,
+                                      name=f"epoch_s.{epoch}"))
+        trained_s += epoch_s                     # the allreduce also makes everyone wait for the checkpoint
+        epochs_done = epoch + 1
     if rank == 0:
-        (out / "DONE").write_text(json.dumps({"epochs": cfg.train.epochs, "step": step}) + "\n")
+        (out / "DONE").write_text(json.dumps({"epochs": epochs_done, "step": step,
+                                              "train_minutes": round(trained_s / 60, 2)}) + "\n")
     return 0
 
 

@@ -98,6 +98,16 @@ def test_train_under_horovodrun_with_compression_and_pipelining(corpus, tmp_path
     assert (run / "checkpoints" / "epoch001.pt").exists() and (run / "DONE").exists()
 
 
+def test_time_budget_stops_before_an_epoch_that_would_overrun(corpus, tmp_path):
+    run = tmp_path / "budget"
+    train(overrides(corpus, run, train__epochs=5, train__max_minutes=0.0001, data__dev_subset=2))
+    recs = log_records(run)
+    assert [r["epoch"] for r in recs if r["event"] == "epoch"] == [0]
+    assert "stopping before epoch 1" in next(r for r in recs if r["event"] == "budget")["message"]
+    assert json.loads((run / "DONE").read_text())["epochs"] == 1
+    assert "dev_wer_ctc" in next(r for r in recs if r["event"] == "epoch")
+
+
 def test_unknown_config_key_lists_valid_ones(corpus, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "asr.train", "--config", str(CONF), "train.epoch=3"],
                           cwd=ROOT, capture_output=True, text=True)

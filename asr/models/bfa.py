@@ -26,6 +26,7 @@ class BFAConfig:
     enc_hidden: int = 256                 # per direction
     enc_layers: int = 4
     pool_after: list = field(default_factory=lambda: [0, 1])   # max-pool x2 after these encoder layers
+    frame_stack: int = 1                  # stack k frames into one before the first layer (x k reduction)
     dec_hidden: int = 256
     dec_layers: int = 1
     emb_dim: int = 128
@@ -43,10 +44,21 @@ class BFAConfig:
 
 
 class Encoder(nn.Module):
+    """BiLSTM stack. Time reduction: ``frame_stack`` (k consecutive frames concatenated before the first
+    layer, as in low-frame-rate LAS models) times x2 per max-pool in ``pool_after``. Stacking is the
+    cheap reduction: every LSTM layer, the first included, runs at the reduced rate, which is what
+    makes training on a CPU fast enough; max-pooling is the paper's."""
+
     def __init__(self, c: BFAConfig):
         super().__init__()
+        if c.frame_stack < 1:
+            raise ValueError(f"frame_stack must be >= 1, got {c.frame_stack}")
+        bad = [i for i in c.pool_after if not 0 <= i < c.enc_layers]
+        if bad:
+            raise ValueError(f"pool_after {list(c.pool_after)}: layers must be in 0..{c.enc_layers - 1}")
+        self.stack = c.frame_stack
         self.layers = nn.ModuleList()
-        dim = c.feat_dim
+        dim = c.feat_dim * c.frame_stack
         for _ in range(c.enc_layers):
             self.layers.append(nn.LSTM(dim, c.enc_hidden, batch_first=True, bidirectional=True))
             dim = 2 * c.enc_hidden
@@ -55,6 +67,13 @@ class Encoder(nn.Module):
         self.out_dim = dim
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor):
+        if self.stack > 1:
+            B, T, D = x.shape
+            pad = (-T) % self.stack
+            if pad:
+                x = F.pad(x, (0, 0, 0, pad))
+            x = x.reshape(B, (T + pad) // self.stack, D * self.stack)
+            lengths = (lengths + self.stack - 1) // self.stack
         for i, lstm in enumerate(self.layers):
             packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
             x, _ = lstm(packed)
@@ -68,7 +87,7 @@ class Encoder(nn.Module):
         return x, lengths
 
     def reduction(self) -> int:
-        return 2 ** len(self.pool_after)
+        return self.stack * 2 ** len(self.pool_after)
 
 
 class Attention(nn.Module):

@@ -1,0 +1,82 @@
+"""Issue 7: the BFA model's shapes, time reduction, losses and decoders (no Horovod, no audio)."""
+import pytest
+import torch
+
+from asr.decode import beam_search, ctc_greedy, greedy
+from asr.models.bfa import BFA, BFAConfig
+
+
+def tiny(**kw):
+    base = dict(vocab_size=12, enc_hidden=8, enc_layers=2, dec_hidden=8, emb_dim=4, att_dim=8, loc_channels=2,
+                loc_kernel=3, dropout=0.0)
+    base.update(kw)
+    torch.manual_seed(0)
+    return BFA(BFAConfig(**base)).eval()
+
+
+def batch(lengths=(23, 10), n_tokens=(4, 2)):
+    feats = torch.randn(len(lengths), max(lengths), 40)
+    for i, n in enumerate(lengths):
+        feats[i, n:] = 0
+    tokens = torch.full((len(lengths), max(n_tokens)), -1)
+    for i, n in enumerate(n_tokens):
+        tokens[i, :n] = torch.arange(n) % 12
+    return feats, torch.tensor(lengths), tokens, torch.tensor(n_tokens)
+
+
+@pytest.mark.parametrize("stack,pools", [(1, [0, 1]), (4, [0]), (3, []), (2, [0, 1])])
+def test_time_reduction_is_frame_stack_times_pools(stack, pools):
+    model = tiny(frame_stack=stack, pool_after=pools)
+    feats, flen, _, _ = batch()
+    enc, elen = model.encode(feats, flen)
+    r = model.encoder.reduction()
+    assert r == stack * 2 ** len(pools)
+    for n, e in zip(flen.tolist(), elen.tolist()):
+        expected = -(-n // stack)                 # ceil after stacking, then ceil after each pool
+        for _ in pools:
+            expected = -(-expected // 2)
+        assert e == expected
+    assert enc.shape == (2, int(elen.max()), 16)
+
+
+def test_padding_does_not_change_an_utterance_encoding():
+    model = tiny(frame_stack=4, pool_after=[0])
+    feats, flen, _, _ = batch()
+    enc, elen = model.encode(feats, flen)
+    alone, alone_len = model.encode(feats[1:, :10], flen[1:])
+    assert int(alone_len[0]) == int(elen[1])
+    torch.testing.assert_close(alone[0, :int(alone_len[0])], enc[1, :int(elen[1])])
+
+
+def test_joint_loss_and_decoders_run_on_a_batch():
+    model = tiny(frame_stack=2, pool_after=[0], ctc_weight=0.5)
+    feats, flen, tokens, tlen = batch()
+    model.train()
+    loss, stats = model(feats, flen, tokens, tlen)
+    loss.backward()
+    assert torch.isfinite(loss) and {"att_loss", "ctc_loss", "acc", "loss"} <= set(stats)
+    assert stats["loss"] == pytest.approx(0.5 * stats["att_loss"] + 0.5 * stats["ctc_loss"], rel=1e-5)
+    model.eval()
+    for hyps in (greedy(model, feats, flen), ctc_greedy(model, feats, flen),
+                 beam_search(model, feats, flen, beam=2, ctc_weight=0.3)):
+        assert len(hyps) == 2 and all(0 <= t < 12 for h in hyps for t in h)
+
+
+def test_ctc_greedy_merges_repeats_and_drops_blanks():
+    model = tiny(frame_stack=1, pool_after=[], ctc_weight=0.3)
+    blank = model.config.eos
+    path = [blank, 3, 3, blank, 3, 5, 5, blank]
+    # Fix the CTC posteriors: the "encoder" returns the logits of this path and the head passes them on.
+    logits = torch.full((1, len(path), 13), -10.0)
+    for t, k in enumerate(path):
+        logits[0, t, k] = 10.0
+    model.encode = lambda f, l: (logits, torch.tensor([len(path)]))
+    model.ctc_head = torch.nn.Identity()
+    assert ctc_greedy(model, torch.zeros(1, len(path), 40), torch.tensor([len(path)])) == [[3, 3, 5]]
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError, match="frame_stack"):
+        tiny(frame_stack=0)
+    with pytest.raises(ValueError, match="pool_after"):
+        tiny(pool_after=[5])
