@@ -6,12 +6,12 @@
 #   stage 2  horovodrun with 2 workers, cpu-small model, Global-QSGD 8-bit compression + Pipe-SGD
 #            pipelining, VTLP and the room simulator on CPU loader workers; dev WER after every epoch
 #   stage 3  WER of every epoch on the clean and far-field test sets, JSON and a plot
-# Extra arguments go to recipes/bfa/run.sh (e.g. --stage 2, or -- train.epochs=4).
+# Extra arguments go to recipes/bfa/run.sh as options (e.g. --stage 2); DEMO_EPOCHS=12 trains longer.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 T0=$(date +%s)
 bash recipes/bfa/run.sh --conf recipes/bfa/conf/cpu-small.yaml --size small --limit 2500 --vocab 300 \
   --workers 2 --exp exp/demo "$@" -- \
-  train.epochs=6 decode.beam=1 data.dev_subset=100
+  train.epochs="${DEMO_EPOCHS:-6}" decode.beam=1 data.dev_subset=100
 echo "[demo] finished in $(( $(date +%s) - T0 )) s: exp/demo/train_log.jsonl, exp/demo/wer_per_epoch.{json,png}"
