@@ -29,6 +29,9 @@ def parse_args(argv=None):
     src.add_argument("--run-dir", help="a training run folder: evaluate every epoch's checkpoint")
     p.add_argument("--manifest", action="append", required=True, help="JSONL manifest (repeatable)")
     p.add_argument("--json", help="--checkpoint: write WER, SER and every hypothesis here")
+    p.add_argument("--method", choices=("attention", "ctc"), default="attention",
+                   help="attention: the decoder (greedy or beam, optional CTC rescoring); ctc: best path of the CTC head "
+                        "(no decoder; per-epoch results are kept apart as NAME.ctc)")
     p.add_argument("--beam", type=int, help="beam size (default: the config's decode.beam; 1 = greedy)")
     p.add_argument("--ctc-weight", type=float, help="CTC rescoring weight (default: the config's decode.ctc_weight)")
     p.add_argument("--limit", type=int, default=0, help="decode only the first N utterances of each manifest")
@@ -54,22 +57,28 @@ def load_checkpoint(path):
 
 
 def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0, limit: int = 0,
-             batch_seconds: float = 120.0, desc: str = "") -> dict:
+             batch_seconds: float = 120.0, desc: str = "", method: str = "attention") -> dict:
     """Decode a manifest; return WER, SER and every (id, ref, hyp)."""
     import jiwer
     from tqdm import tqdm
-    from .decode import beam_search, greedy
+    from .decode import beam_search, ctc_greedy, greedy
     from .loader import SpeechDataset, collate, eval_batches
     ds = SpeechDataset(manifest, tok, norm)
     if limit:
         ds.entries = ds.entries[:limit]
     rows = []
+    if method == "ctc":
+        if model.ctc_head is None:
+            raise SystemExit("asr-eval: --method ctc needs a model trained with a CTC head (model.ctc_weight > 0)")
+        beam, ctc_weight = 1, 0.0
     batches = eval_batches(ds.durations, batch_seconds if beam == 1 else 1e-9, max_batch=64 if beam == 1 else 1)
     with torch.no_grad():
         for b in tqdm(batches, desc=desc or Path(manifest).name, leave=False, dynamic_ncols=True,
                       disable=not sys.stderr.isatty()):
             ids, feats, flen, _, _, texts = collate([ds[i] for i in b])
-            if beam == 1:
+            if method == "ctc":
+                hyps = ctc_greedy(model, feats, flen)
+            elif beam == 1:
                 hyps = greedy(model, feats, flen)
             else:
                 hyps = beam_search(model, feats, flen, beam=beam, ctc_weight=ctc_weight)
@@ -81,7 +90,7 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     ser = sum(r["ref"] != r["hyp"] for r in rows) / max(len(rows), 1)
     return {"manifest": str(manifest), "utterances": len(rows), "wer": wer, "ser": ser,
             "substitutions": out.substitutions, "deletions": out.deletions, "insertions": out.insertions,
-            "beam": beam, "ctc_weight": ctc_weight, "hypotheses": rows}
+            "method": method, "beam": beam, "ctc_weight": ctc_weight, "hypotheses": rows}
 
 
 def _decode_opts(args, ckpt):
@@ -104,37 +113,44 @@ def run_dir_mode(args) -> int:
                 continue
             loaded = None
             for m in args.manifest:
-                dest = cache / f"{Path(m).stem}.epoch{epoch:03d}.json"
+                dest = cache / f"{_name(m, args.method)}.epoch{epoch:03d}.json"
                 if dest.exists():
                     continue
                 if loaded is None:
                     loaded = load_checkpoint(ck)
                 model, tok, norm, ckpt = loaded
                 beam, ctc = _decode_opts(args, ckpt)
-                res = evaluate(model, tok, norm, m, beam, ctc, args.limit, desc=f"epoch {epoch} {Path(m).stem}")
+                res = evaluate(model, tok, norm, m, beam, ctc, args.limit, desc=f"epoch {epoch} {Path(m).stem}",
+                               method=args.method)
                 res["epoch"] = epoch
                 tmp = dest.with_suffix(".tmp")
                 tmp.write_text(json.dumps(res, indent=1))
                 os.replace(tmp, dest)
-                print(f"[asr-eval] epoch {epoch} {Path(m).stem}: WER {100 * res['wer']:.2f}%  SER {100 * res['ser']:.2f}%",
+                print(f"[asr-eval] epoch {epoch} {_name(m, args.method)}: WER {100 * res['wer']:.2f}%  SER {100 * res['ser']:.2f}%",
                       flush=True)
             done_epochs.add(epoch)
-        write_summary(run, args.manifest)
+        write_summary(run, args.manifest, args.method)
         if not args.watch or (run / "DONE").exists() and len(done_epochs) >= len(list((run / "checkpoints").glob("epoch*.pt"))):
             break
         time.sleep(10)
     return 0
 
 
-def write_summary(run: Path, manifests) -> None:
+def _name(manifest, method: str) -> str:
+    return Path(manifest).stem + (".ctc" if method == "ctc" else "")
+
+
+def write_summary(run: Path, manifests, method: str = "attention") -> None:
+    """wer_per_epoch.json and .png from every cached result (both methods, when both were run)."""
     table = {}
-    for m in manifests:
-        name = Path(m).stem
+    names = [_name(m, meth) for m in manifests for meth in ("attention", "ctc")]
+    for name in names:
         rows = []
         for f in sorted((run / "eval").glob(f"{name}.epoch*.json")):
             r = json.loads(f.read_text())
             rows.append({"epoch": r["epoch"], "wer": r["wer"], "ser": r["ser"], "utterances": r["utterances"]})
-        table[name] = rows
+        if rows or name in (_name(m, method) for m in manifests):
+            table[name] = rows
     tmp = run / "wer_per_epoch.json.tmp"
     tmp.write_text(json.dumps(table, indent=1))
     os.replace(tmp, run / "wer_per_epoch.json")
@@ -167,10 +183,11 @@ def main(argv=None) -> int:
         return run_dir_mode(args)
     model, tok, norm, ckpt = load_checkpoint(args.checkpoint)
     beam, ctc = _decode_opts(args, ckpt)
-    results = [evaluate(model, tok, norm, m, beam, ctc, args.limit) for m in args.manifest]
+    results = [evaluate(model, tok, norm, m, beam, ctc, args.limit, method=args.method) for m in args.manifest]
     for r in results:
+        how = "CTC best path" if args.method == "ctc" else f"beam {r['beam']}"
         print(f"{Path(r['manifest']).name}: WER {100 * r['wer']:.2f}%  SER {100 * r['ser']:.2f}%  "
-              f"({r['utterances']} utterances, beam {r['beam']})")
+              f"({r['utterances']} utterances, {how})")
     if args.json:
         Path(args.json).write_text(json.dumps(results[0] if len(results) == 1 else results, indent=1))
     return 0

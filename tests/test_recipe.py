@@ -65,6 +65,11 @@ def test_tiny_model_overfits_a_handful_of_utterances(corpus, tmp_path):
                     corpus / "few.jsonl", "--json", out], check=True, capture_output=True)
     res = json.loads(out.read_text())
     assert res["wer"] == 0.0 and len(res["hypotheses"]) == 4
+    # the CTC head's best path, no decoder
+    subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
+                    corpus / "few.jsonl", "--json", out, "--method", "ctc"], check=True, capture_output=True)
+    res = json.loads(out.read_text())
+    assert res["method"] == "ctc" and len(res["hypotheses"]) == 4 and 0.0 <= res["wer"]
     subprocess.run([BIN / "asr-eval", "--run-dir", run, "--manifest", corpus / "few.jsonl"], check=True,
                    capture_output=True)
     table = json.loads((run / "wer_per_epoch.json").read_text())

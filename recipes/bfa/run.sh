@@ -3,7 +3,8 @@
 #   0 prep       synthesize the offline corpus (asr-prep synth) and its far-field test set
 #   1 tokenizer  sentencepiece word pieces and feature statistics (asr-prep tokenizer, stats)
 #   2 train      horovodrun training through horovod_ext (compression and pipelining from the config)
-#   3 eval       WER of every epoch's checkpoint on the clean and far-field test sets (asr-eval --run-dir)
+#   3 eval       WER of every epoch's checkpoint on the clean and far-field test sets (asr-eval --run-dir),
+#                attention decoder and CTC best path
 #
 # Usage: recipes/bfa/run.sh [--stage N] [--stop-stage N] [--conf recipes/bfa/conf/cpu-small.yaml]
 #          [--size tiny|small|full] [--limit N] [--workers 2] [--hosts localhost:2] [--exp exp/NAME]
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
     --exp) exp=$2; shift 2 ;;
     --vocab) vocab=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
-    -h|--help) sed -n 2,11p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
     --) shift; overrides=("$@"); break ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -63,5 +64,7 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   manifests=(--manifest "$corpus/test.jsonl")
   [ -f "$corpus/test_far.jsonl" ] && manifests+=(--manifest "$corpus/test_far.jsonl")
   asr-eval --run-dir "$exp" "${manifests[@]}"
+  # The CTC head's best path as a second curve (it reads the audio well before the decoder stops looping).
+  asr-eval --run-dir "$exp" "${manifests[@]}" --method ctc || log "CTC best path skipped (see the message above)"
   log "done: $exp/wer_per_epoch.json and $exp/wer_per_epoch.png"
 fi
