@@ -12,10 +12,12 @@ def _max_len(enc_lengths: torch.Tensor, ratio: float = 1.0, floor: int = 5) -> i
 
 
 @torch.no_grad()
-def greedy(model: BFA, feats, feat_lengths, max_ratio: float = 1.0) -> list[list[int]]:
-    """Most likely piece at every step, for a whole batch; stops at eos (or after max_ratio * encoder frames)."""
+def greedy(model: BFA, feats, feat_lengths, max_ratio: float = 1.0, encoded=None) -> list[list[int]]:
+    """Most likely piece at every step, for a whole batch; stops at eos (or after max_ratio * encoder frames).
+
+    ``encoded``: ``model.encode(feats, feat_lengths)`` when the caller already has it (decoding twice)."""
     eos = model.config.eos
-    enc, enc_lengths = model.encode(feats, feat_lengths)
+    enc, enc_lengths = encoded if encoded is not None else model.encode(feats, feat_lengths)
     state = model.decoder.init_state(enc, enc_lengths)
     B = enc.shape[0]
     prev = torch.full((B,), eos, dtype=torch.long, device=enc.device)
@@ -34,7 +36,7 @@ def greedy(model: BFA, feats, feat_lengths, max_ratio: float = 1.0) -> list[list
 
 
 @torch.no_grad()
-def ctc_greedy(model: BFA, feats, feat_lengths) -> list[list[int]]:
+def ctc_greedy(model: BFA, feats, feat_lengths, encoded=None) -> list[list[int]]:
     """Best path of the CTC head: argmax per encoder frame, repeats merged, blanks dropped.
 
     Needs no decoder, so it reads what the encoder has learned even while the attention decoder still
@@ -42,7 +44,7 @@ def ctc_greedy(model: BFA, feats, feat_lengths) -> list[list[int]]:
     if model.ctc_head is None:
         raise ValueError("ctc_greedy needs a model trained with a CTC head (model.ctc_weight > 0)")
     blank = model.config.eos
-    enc, enc_lengths = model.encode(feats, feat_lengths)
+    enc, enc_lengths = encoded if encoded is not None else model.encode(feats, feat_lengths)
     best = model.ctc_head(enc).argmax(-1)
     hyps = []
     for b in range(best.shape[0]):

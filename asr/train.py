@@ -238,8 +238,10 @@ def main(argv=None) -> int:
         with torch.no_grad():
             for b in batches[rank::size]:
                 ids, feats, flen, _, _, texts = collate([dev_set[i] for i in b])
-                hyps = greedy(model, feats.to(device), flen)
-                ctc_hyps = ctc_greedy(model, feats.to(device), flen) if model.ctc_head is not None else hyps
+                feats = feats.to(device)
+                encoded = model.encode(feats, flen)                 # once, for both decoders
+                hyps = greedy(model, feats, flen, encoded=encoded)
+                ctc_hyps = ctc_greedy(model, feats, flen, encoded=encoded) if model.ctc_head is not None else hyps
                 for hyp, ctc_hyp, ref in zip(hyps, ctc_hyps, texts):
                     e, w = word_errors(ref, tok.decode(hyp))
                     errs, words = errs + e, words + w
