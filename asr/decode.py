@@ -1,5 +1,8 @@
-"""Decoding for the BFA model: batched greedy search and beam search (optional CTC rescoring), and CTC best path."""
+"""Decoding for the BFA model: batched greedy search, beam search (optional CTC rescoring), CTC best path, and
+CTC prefix beam search with LM shallow fusion and attention rescoring."""
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -127,4 +130,124 @@ def beam_search(model: BFA, feats, feat_lengths, beam: int = 4, length_bonus: fl
             finished = [(h, (1 - ctc_weight) * s + ctc_weight * c) for (h, s), c in zip(finished, ctc)]
             finished.sort(key=lambda x: -x[1])
         results.append(finished[0][0])
+    return results
+
+
+def _logaddexp(a: float, b: float) -> float:
+    if a == -math.inf:
+        return b
+    if b == -math.inf:
+        return a
+    m = max(a, b)
+    return m + math.log1p(math.exp(-abs(a - b)))
+
+
+class _LMCache:
+    """LM log-probabilities of the next piece for every prefix the beam has held, computed in batches."""
+
+    def __init__(self, lm):
+        self.lm = lm
+        eos = lm.config.eos
+        logp, state = lm.step(torch.tensor([eos]))
+        self.next_logp = {(): logp[0].tolist()}
+        self.state = {(): state}
+
+    def extend(self, prefixes) -> None:
+        new = [p for p in prefixes if p not in self.next_logp]
+        if not new:
+            return
+        hs, cs = zip(*(self.state[p[:-1]] for p in new))
+        state = (torch.cat(hs, dim=1), torch.cat(cs, dim=1))
+        logp, (h, c) = self.lm.step(torch.tensor([p[-1] for p in new]), state)
+        for i, p in enumerate(new):
+            self.next_logp[p] = logp[i].tolist()
+            self.state[p] = (h[:, i:i + 1], c[:, i:i + 1])
+
+
+@torch.no_grad()
+def attention_score(model: BFA, enc, enc_length, hyps: list[list[int]]) -> list[float]:
+    """log P_att(hyp + eos | audio) of each hypothesis for one utterance (teacher-forced, one batch)."""
+    if not hyps:
+        return []
+    eos = model.config.eos
+    n, L = len(hyps), max(len(h) for h in hyps) + 1
+    tin = torch.full((n, L), eos, dtype=torch.long)
+    tout = torch.full((n, L), -1, dtype=torch.long)
+    for i, h in enumerate(hyps):
+        tin[i, 1:len(h) + 1] = torch.tensor(h, dtype=torch.long)
+        tout[i, :len(h)] = torch.tensor(h, dtype=torch.long)
+        tout[i, len(h)] = eos
+    enc = enc[:1, :enc_length].expand(n, -1, -1)
+    logp = F.log_softmax(model.decoder(enc, torch.full((n,), int(enc_length)), tin), dim=-1)
+    picked = logp.gather(-1, tout.clamp_min(0)[..., None])[..., 0] * (tout >= 0)
+    return picked.sum(-1).tolist()
+
+
+def prefix_search(logp: torch.Tensor, blank: int, beam: int = 8, lm=None, lm_weight: float = 0.0,
+                  length_bonus: float = 0.0, prune: float = -12.0) -> list[tuple[list[int], float, float]]:
+    """CTC prefix beam search over one utterance's log-probabilities ``logp`` [T, V+1].
+
+    Unlike the best path, a prefix's probability sums over every alignment that collapses to it. While
+    searching, a prefix scores log P_ctc + lm_weight * log P_lm + length_bonus * |prefix|; ``lm`` is a
+    PieceLM whose eos is ``blank``. Pieces below ``prune`` (log-probability) in a frame are not tried there.
+    Returns the final beam as (pieces, log P_ctc, log P_lm including eos; 0 without an LM), best first."""
+    cache = _LMCache(lm) if lm is not None and lm_weight else None
+    lm_total = {(): 0.0}
+    beams = {(): (0.0, -math.inf)}                       # prefix -> (log p ending in blank, in non-blank)
+
+    def total(p, pb_pnb):
+        s = _logaddexp(*pb_pnb) + length_bonus * len(p)
+        return s + lm_weight * lm_total[p] if cache else s
+
+    for t in range(logp.shape[0]):
+        row = logp[t]
+        cand = [c for c in torch.nonzero(row > prune).flatten().tolist() if c != blank]
+        lp = row.tolist()
+        nxt: dict[tuple, list[float]] = {}
+        for p, (pb, pnb) in beams.items():
+            cur = nxt.setdefault(p, [-math.inf, -math.inf])
+            cur[0] = _logaddexp(cur[0], _logaddexp(pb, pnb) + lp[blank])
+            last = p[-1] if p else None
+            for c in cand:
+                q = p + (c,)
+                ext = nxt.setdefault(q, [-math.inf, -math.inf])
+                if c == last:
+                    cur[1] = _logaddexp(cur[1], pnb + lp[c])          # repeat without blank: same prefix
+                    ext[1] = _logaddexp(ext[1], pb + lp[c])
+                else:
+                    ext[1] = _logaddexp(ext[1], _logaddexp(pb, pnb) + lp[c])
+                if q not in lm_total:
+                    lm_total[q] = lm_total[p] + (cache.next_logp[p][c] if cache else 0.0)
+        live = [kv for kv in nxt.items() if max(kv[1]) > -math.inf]     # a repeat needs a blank in between
+        beams = dict(sorted(live, key=lambda kv: -total(kv[0], kv[1]))[:beam])
+        if cache:
+            cache.extend(beams)
+    out = [(list(p), _logaddexp(*v), lm_total[p] + cache.next_logp[p][blank] if cache else 0.0)
+           for p, v in beams.items()]
+    return sorted(out, key=lambda x: -(x[1] + lm_weight * x[2] + length_bonus * len(x[0])))
+
+
+@torch.no_grad()
+def ctc_prefix_beam_search(model: BFA, feats, feat_lengths, beam: int = 8, lm=None, lm_weight: float = 0.0,
+                           length_bonus: float = 0.0, att_weight: float = 0.0, encoded=None,
+                           prune: float = -12.0) -> list[list[int]]:
+    """CTC prefix beam search (:func:`prefix_search`) with optional LM shallow fusion, then attention
+    rescoring of the n-best: with ``att_weight`` > 0 each final hypothesis scores
+    (1 - att_weight) * CTC + att_weight * attention + lm_weight * LM + length_bonus * |hyp|, as in WeNet's
+    "attention rescoring"; the attention decoder never generates freely, so it cannot loop."""
+    if model.ctc_head is None:
+        raise ValueError("ctc_prefix_beam_search needs a model trained with a CTC head (model.ctc_weight > 0)")
+    if lm is not None and lm.config.vocab_size != model.config.vocab_size:
+        raise ValueError(f"the LM has {lm.config.vocab_size} pieces, the acoustic model {model.config.vocab_size}: "
+                         "they were trained with different tokenizers")
+    enc_all, enc_lengths = encoded if encoded is not None else model.encode(feats, feat_lengths)
+    logp_all = F.log_softmax(model.ctc_head(enc_all), dim=-1)
+    results = []
+    for b in range(enc_all.shape[0]):
+        T = int(enc_lengths[b])
+        finals = prefix_search(logp_all[b, :T], model.config.eos, beam, lm, lm_weight, length_bonus, prune)
+        att = attention_score(model, enc_all[b:b + 1], T, [h for h, _, _ in finals]) if att_weight > 0 else [0.0] * len(finals)
+        scored = [((1 - att_weight) * c + att_weight * a + lm_weight * l + length_bonus * len(h), h)
+                  for (h, c, l), a in zip(finals, att)]
+        results.append(max(scored, key=lambda x: x[0])[1])
     return results

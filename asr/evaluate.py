@@ -29,15 +29,26 @@ def parse_args(argv=None):
     src.add_argument("--run-dir", help="a training run folder: evaluate every epoch's checkpoint")
     p.add_argument("--manifest", action="append", required=True, help="JSONL manifest (repeatable)")
     p.add_argument("--json", help="--checkpoint: write WER, SER and every hypothesis here")
-    p.add_argument("--method", choices=("attention", "ctc"), default="attention",
+    p.add_argument("--method", choices=METHODS, default="attention",
                    help="attention: the decoder (greedy or beam, optional CTC rescoring); ctc: best path of the CTC head "
-                        "(no decoder; per-epoch results are kept apart as NAME.ctc)")
+                        "(no decoder); ctc_beam: CTC prefix beam search with optional LM fusion (--lm), the n-best "
+                        "rescored by the attention decoder (--att-weight). Per-epoch results of each method are "
+                        "kept apart (NAME, NAME.ctc, NAME.ctc_beam, NAME.ctc_beam_lm)")
     p.add_argument("--beam", type=int, help="beam size (default: the config's decode.beam; 1 = greedy)")
     p.add_argument("--ctc-weight", type=float, help="CTC rescoring weight (default: the config's decode.ctc_weight)")
+    p.add_argument("--lm", help="ctc_beam: language model from asr-lm (OUT/lm.pt) for shallow fusion")
+    p.add_argument("--lm-weight", type=float, default=0.5, help="ctc_beam: LM weight (default 0.5)")
+    p.add_argument("--length-bonus", type=float, default=None,
+                   help="ctc_beam: score added per piece (default 1.0 with --lm, 0 without)")
+    p.add_argument("--att-weight", type=float, default=0.5,
+                   help="ctc_beam: attention weight when rescoring the n-best (0: CTC and LM only; default 0.5)")
     p.add_argument("--limit", type=int, default=0, help="decode only the first N utterances of each manifest")
     p.add_argument("--watch", action="store_true", help="--run-dir: wait for new checkpoints until RUN/DONE")
     p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="torch threads")
     return p.parse_args(argv)
+
+
+METHODS = ("attention", "ctc", "ctc_beam")
 
 
 def load_checkpoint(path):
@@ -57,27 +68,32 @@ def load_checkpoint(path):
 
 
 def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0, limit: int = 0,
-             batch_seconds: float = 120.0, desc: str = "", method: str = "attention") -> dict:
+             batch_seconds: float = 120.0, desc: str = "", method: str = "attention", lm=None,
+             lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0) -> dict:
     """Decode a manifest; return WER, SER and every (id, ref, hyp)."""
     import jiwer
     from tqdm import tqdm
-    from .decode import beam_search, ctc_greedy, greedy
+    from .decode import beam_search, ctc_greedy, ctc_prefix_beam_search, greedy
     from .loader import SpeechDataset, collate, eval_batches
     ds = SpeechDataset(manifest, tok, norm)
     if limit:
         ds.entries = ds.entries[:limit]
     rows = []
-    if method == "ctc":
+    if method in ("ctc", "ctc_beam"):
         if model.ctc_head is None:
-            raise SystemExit("asr-eval: --method ctc needs a model trained with a CTC head (model.ctc_weight > 0)")
-        beam, ctc_weight = 1, 0.0
-    batches = eval_batches(ds.durations, batch_seconds if beam == 1 else 1e-9, max_batch=64 if beam == 1 else 1)
+            raise SystemExit(f"asr-eval: --method {method} needs a model trained with a CTC head (model.ctc_weight > 0)")
+        beam, ctc_weight = (1 if method == "ctc" else beam), 0.0
+    batched = beam == 1 or method == "ctc_beam"
+    batches = eval_batches(ds.durations, batch_seconds if batched else 1e-9, max_batch=64 if batched else 1)
     with torch.no_grad():
         for b in tqdm(batches, desc=desc or Path(manifest).name, leave=False, dynamic_ncols=True,
                       disable=not sys.stderr.isatty()):
             ids, feats, flen, _, _, texts = collate([ds[i] for i in b])
             if method == "ctc":
                 hyps = ctc_greedy(model, feats, flen)
+            elif method == "ctc_beam":
+                hyps = ctc_prefix_beam_search(model, feats, flen, beam=beam, lm=lm, lm_weight=lm_weight,
+                                              length_bonus=length_bonus, att_weight=att_weight)
             elif beam == 1:
                 hyps = greedy(model, feats, flen)
             else:
@@ -90,14 +106,43 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     ser = sum(r["ref"] != r["hyp"] for r in rows) / max(len(rows), 1)
     return {"manifest": str(manifest), "utterances": len(rows), "wer": wer, "ser": ser,
             "substitutions": out.substitutions, "deletions": out.deletions, "insertions": out.insertions,
-            "method": method, "beam": beam, "ctc_weight": ctc_weight, "hypotheses": rows}
+            "method": method, "beam": beam, "ctc_weight": ctc_weight, "lm_weight": lm_weight if lm else 0.0,
+            "length_bonus": length_bonus, "att_weight": att_weight, "hypotheses": rows}
 
 
-def _decode_opts(args, ckpt):
+def _decode_opts(args, ckpt, lm=None) -> dict:
+    """evaluate()'s decoding keywords: the command line first, then the checkpoint's decode config."""
     dec = ckpt.get("config", {}).get("decode", {})
-    beam = args.beam if args.beam is not None else dec.get("beam", 1)
-    ctc = args.ctc_weight if args.ctc_weight is not None else dec.get("ctc_weight", 0.0)
-    return beam, ctc
+    opts = {"beam": args.beam if args.beam is not None else dec.get("beam", 1),
+            "ctc_weight": args.ctc_weight if args.ctc_weight is not None else dec.get("ctc_weight", 0.0),
+            "method": args.method}
+    if args.method == "ctc_beam":
+        if args.beam is None:
+            opts["beam"] = max(opts["beam"], 8)
+        opts.update(lm=lm, lm_weight=args.lm_weight if lm is not None else 0.0, att_weight=args.att_weight,
+                    length_bonus=args.length_bonus if args.length_bonus is not None else (1.0 if lm is not None else 0.0))
+    return opts
+
+
+def _load_lm(args, ckpt_path, ckpt):
+    """The --lm model, refused with a clear message if it was trained on another tokenizer than the checkpoint."""
+    if not args.lm:
+        return None
+    from .models.rnnlm import load_lm
+    from .train_lm import tokenizer_digest
+    try:
+        lm, meta = load_lm(args.lm)
+    except ValueError as e:
+        raise SystemExit(f"asr-eval: --lm {e}")
+    tok_path = Path(ckpt["tokenizer"])
+    if tok_path.exists() and meta.get("tokenizer_digest") and tokenizer_digest(tok_path) != meta["tokenizer_digest"]:
+        raise SystemExit(f"asr-eval: --lm {args.lm} was trained with tokenizer {meta.get('tokenizer')}, "
+                         f"but {ckpt_path} uses {tok_path} (a different model): retrain the LM with asr-lm --tokenizer "
+                         f"{tok_path}")
+    if lm.config.vocab_size != ckpt["model_config"]["vocab_size"]:
+        raise SystemExit(f"asr-eval: --lm {args.lm} has {lm.config.vocab_size} pieces, {ckpt_path} "
+                         f"{ckpt['model_config']['vocab_size']}")
+    return lm
 
 
 def run_dir_mode(args) -> int:
@@ -113,37 +158,45 @@ def run_dir_mode(args) -> int:
                 continue
             loaded = None
             for m in args.manifest:
-                dest = cache / f"{_name(m, args.method)}.epoch{epoch:03d}.json"
+                dest = cache / f"{_name(m, _label(args))}.epoch{epoch:03d}.json"
                 if dest.exists():
                     continue
                 if loaded is None:
                     loaded = load_checkpoint(ck)
+                    lm = _load_lm(args, ck, loaded[3])
                 model, tok, norm, ckpt = loaded
-                beam, ctc = _decode_opts(args, ckpt)
-                res = evaluate(model, tok, norm, m, beam, ctc, args.limit, desc=f"epoch {epoch} {Path(m).stem}",
-                               method=args.method)
+                res = evaluate(model, tok, norm, m, limit=args.limit, desc=f"epoch {epoch} {Path(m).stem}",
+                               **_decode_opts(args, ckpt, lm))
                 res["epoch"] = epoch
                 tmp = dest.with_suffix(".tmp")
                 tmp.write_text(json.dumps(res, indent=1))
                 os.replace(tmp, dest)
-                print(f"[asr-eval] epoch {epoch} {_name(m, args.method)}: WER {100 * res['wer']:.2f}%  SER {100 * res['ser']:.2f}%",
+                print(f"[asr-eval] epoch {epoch} {_name(m, _label(args))}: WER {100 * res['wer']:.2f}%  SER {100 * res['ser']:.2f}%",
                       flush=True)
             done_epochs.add(epoch)
-        write_summary(run, args.manifest, args.method)
+        write_summary(run, args.manifest, _label(args))
         if not args.watch or (run / "DONE").exists() and len(done_epochs) >= len(list((run / "checkpoints").glob("epoch*.pt"))):
             break
         time.sleep(10)
     return 0
 
 
-def _name(manifest, method: str) -> str:
-    return Path(manifest).stem + (".ctc" if method == "ctc" else "")
+LABELS = ("attention", "ctc", "ctc_beam", "ctc_beam_lm")
+
+
+def _label(args) -> str:
+    """How a result was decoded, as it appears in cache names and the plot (the LM makes its own curve)."""
+    return "ctc_beam_lm" if args.method == "ctc_beam" and args.lm else args.method
+
+
+def _name(manifest, label: str) -> str:
+    return Path(manifest).stem + ("" if label == "attention" else f".{label}")
 
 
 def write_summary(run: Path, manifests, method: str = "attention") -> None:
-    """wer_per_epoch.json and .png from every cached result (both methods, when both were run)."""
+    """wer_per_epoch.json and .png from every cached result (every decoding method that was run)."""
     table = {}
-    names = [_name(m, meth) for m in manifests for meth in ("attention", "ctc")]
+    names = [_name(m, label) for m in manifests for label in LABELS]
     for name in names:
         rows = []
         for f in sorted((run / "eval").glob(f"{name}.epoch*.json")):
@@ -177,15 +230,21 @@ def main(argv=None) -> int:
     for m in args.manifest:
         if not Path(m).exists():
             raise SystemExit(f"asr-eval: {m}: manifest not found")
+    if args.lm and args.method != "ctc_beam":
+        raise SystemExit("asr-eval: --lm is used by --method ctc_beam only")
+    if args.lm and not Path(args.lm).exists():
+        raise SystemExit(f"asr-eval: --lm {args.lm}: file not found (train one with asr-lm)")
     if args.run_dir:
         if not (Path(args.run_dir) / "checkpoints").is_dir() and not args.watch:
             raise SystemExit(f"asr-eval: {args.run_dir}: no checkpoints/ folder (is it a training run folder?)")
         return run_dir_mode(args)
     model, tok, norm, ckpt = load_checkpoint(args.checkpoint)
-    beam, ctc = _decode_opts(args, ckpt)
-    results = [evaluate(model, tok, norm, m, beam, ctc, args.limit, method=args.method) for m in args.manifest]
+    opts = _decode_opts(args, ckpt, _load_lm(args, args.checkpoint, ckpt))
+    results = [evaluate(model, tok, norm, m, limit=args.limit, **opts) for m in args.manifest]
     for r in results:
-        how = "CTC best path" if args.method == "ctc" else f"beam {r['beam']}"
+        how = {"ctc": "CTC best path",
+               "ctc_beam": f"CTC prefix beam {r['beam']}, LM weight {r['lm_weight']}, attention weight "
+                           f"{r['att_weight']}"}.get(args.method, f"beam {r['beam']}")
         print(f"{Path(r['manifest']).name}: WER {100 * r['wer']:.2f}%  SER {100 * r['ser']:.2f}%  "
               f"({r['utterances']} utterances, {how})")
     if args.json:

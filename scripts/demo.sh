@@ -2,16 +2,17 @@
 # The main job: the BFA recipe end to end on this machine in about 15 minutes.
 #   stage 0  synthesize a 2,500-utterance corpus (about 2 h of speech; unseen voices in dev/test) and its
 #            far-field test set
-#   stage 1  sentencepiece word pieces and feature statistics
+#   stage 1  sentencepiece word pieces, feature statistics, and a word-piece LSTM LM on text only (2 min)
 #   stage 2  horovodrun with 2 workers, cpu-small model, Global-QSGD 8-bit compression + Pipe-SGD
 #            pipelining, VTLP and the room simulator on CPU loader workers; dev WER after every epoch
-#   stage 3  WER of every epoch on the clean and far-field test sets, JSON and a plot
+#   stage 3  WER of every epoch on the clean and far-field test sets, JSON and a plot; the last epoch
+#            again with CTC prefix beam search, LM fusion and attention rescoring
 # Extra arguments go to recipes/bfa/run.sh as options (e.g. --stage 2); DEMO_EPOCHS=12 trains longer.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 T0=$(date +%s)
 bash recipes/bfa/run.sh --conf recipes/bfa/conf/cpu-small.yaml --size small --limit 2500 --vocab 300 \
-  --workers 2 --exp exp/demo "$@" -- \
+  --workers 2 --exp exp/demo --lm-extra 20000 --lm-minutes 2 "$@" -- \
   train.epochs="${DEMO_EPOCHS:-8}" decode.beam=1 data.dev_subset=100
 echo "[demo] finished in $(( $(date +%s) - T0 )) s: exp/demo/train_log.jsonl, exp/demo/wer_per_epoch.{json,png}"

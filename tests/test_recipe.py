@@ -74,6 +74,29 @@ def test_tiny_model_overfits_a_handful_of_utterances(corpus, tmp_path):
                    capture_output=True)
     table = json.loads((run / "wer_per_epoch.json").read_text())
     assert table["few"] and (run / "wer_per_epoch.png").stat().st_size > 1000
+    # CTC prefix beam search with the LM from asr-prep lm-text + asr-lm, n-best rescored by the attention decoder
+    lm_dir = tmp_path / "lm"
+    subprocess.run([BIN / "asr-prep", "lm-text", "--corpus", corpus, "--out", lm_dir / "text.txt", "--extra", "200"],
+                   check=True, capture_output=True)
+    lm_text = (lm_dir / "text.txt").read_text().splitlines()
+    held_out = {json.loads(x)["text"] for m in ("dev.jsonl", "test.jsonl") for x in (corpus / m).read_text().splitlines()}
+    assert len(lm_text) == 200 + len((corpus / "train.jsonl").read_text().splitlines()) and not held_out & set(lm_text)
+    subprocess.run([BIN / "asr-lm", "--text", lm_dir / "text.txt", "--tokenizer", corpus / "tok" / "tokenizer.model",
+                    "--out", lm_dir, "--epochs", "1", "--threads", "1"], check=True, capture_output=True)
+    subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
+                    corpus / "few.jsonl", "--json", out, "--method", "ctc_beam", "--lm", lm_dir / "lm.pt",
+                    "--lm-weight", "0.1"], check=True, capture_output=True)
+    res = json.loads(out.read_text())
+    assert res["method"] == "ctc_beam" and res["lm_weight"] == 0.1 and len(res["hypotheses"]) == 4
+    # an LM trained on another tokenizer is refused, naming both
+    subprocess.run([BIN / "asr-prep", "tokenizer", "--manifest", corpus / "train.jsonl", "--vocab-size", "40",
+                    "--out", tmp_path / "tok40"], check=True, capture_output=True)
+    subprocess.run([BIN / "asr-lm", "--text", lm_dir / "text.txt", "--tokenizer", tmp_path / "tok40" / "tokenizer.model",
+                    "--out", tmp_path / "lm40", "--epochs", "1", "--threads", "1"], check=True, capture_output=True)
+    bad = subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
+                          corpus / "few.jsonl", "--method", "ctc_beam", "--lm", tmp_path / "lm40" / "lm.pt"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "tok40" in bad.stderr and "tokenizer" in bad.stderr, bad.stderr
 
 
 def test_resume_gives_the_same_next_loss(corpus, tmp_path):

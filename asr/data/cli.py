@@ -4,6 +4,7 @@
   import     import LibriSpeech-layout, JSON-lines or TSV corpora into the same manifest format
   tokenizer  train a sentencepiece unigram word-piece model on a manifest's transcripts
   stats      feature mean/variance for normalization, and a duration histogram
+  lm-text    text for the language model: training transcripts plus unseen generator sentences
   baseline   decode a manifest with pocketsphinx and report WER / sentence error rate
   far        the far-field test set: a manifest passed once through the acoustic simulator (fixed seed)
   augment-demo  a few augmented WAVs and a PNG of clean / VTLP / reverberant-noisy spectrograms
@@ -37,6 +38,12 @@ def _tokenizer(a) -> int:
 def _stats(a) -> int:
     from .stats import compute_stats
     compute_stats(a.manifest, a.out, a.compression, a.jobs)
+    return 0
+
+
+def _lm_text(a) -> int:
+    from .lm_text import build_lm_text
+    build_lm_text(a.corpus, a.out, a.extra, a.data_dir)
     return 0
 
 
@@ -126,6 +133,17 @@ rest is imported. Exit 1 only if nothing usable remains, or with --strict if any
     s.add_argument("--compression", choices=["power", "log"], default="power", help="mel compression")
     s.add_argument("--jobs", type=int, default=os.cpu_count(), help=jobs_help)
     s.set_defaults(func=_stats)
+
+    s = sub.add_parser("lm-text", help="text for the language model (no dev/test sentence)",
+                       description="Write the language-model text: the training transcripts of a corpus plus EXTRA "
+                       "sentences from the same generators (half commands from data/text/templates.yaml, half "
+                       "open-domain from the Debian text sources), excluding every sentence of the corpus's held-out "
+                       "manifests (dev, test, test_far). Writes OUT and OUT.json (counts).")
+    s.add_argument("--corpus", required=True, metavar="DIR", help="corpus folder from asr-prep synth")
+    s.add_argument("--out", required=True, help="output text file, e.g. DIR/lm/text.txt")
+    s.add_argument("--extra", type=int, default=60000, help="sentences beyond the training transcripts (default 60000)")
+    s.add_argument("--data-dir", default=DATA_DIR, help=f"folder with text/ (default {DATA_DIR})")
+    s.set_defaults(func=_lm_text)
 
     s = sub.add_parser("baseline", help="pocketsphinx baseline WER on a manifest",
                        description="Decode every utterance of a manifest with pocketsphinx's bundled en-us model "

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # BFA recipe: numbered stages as in ESPnet/WeNet.
 #   0 prep       synthesize the offline corpus (asr-prep synth) and its far-field test set
-#   1 tokenizer  sentencepiece word pieces and feature statistics (asr-prep tokenizer, stats)
+#   1 tokenizer  sentencepiece word pieces, feature statistics (asr-prep tokenizer, stats) and the word-piece
+#                LSTM language model on text only (asr-prep lm-text, asr-lm; no dev/test sentence)
 #   2 train      horovodrun training through horovod_ext (compression and pipelining from the config)
 #   3 eval       WER of every epoch's checkpoint on the clean and far-field test sets (asr-eval --run-dir),
-#                attention decoder and CTC best path
+#                attention decoder and CTC best path; then the last checkpoint with CTC prefix beam search,
+#                LM shallow fusion and attention rescoring (RUN/final_<set>.json)
 #
 # Usage: recipes/bfa/run.sh [--stage N] [--stop-stage N] [--conf recipes/bfa/conf/cpu-small.yaml]
 #          [--size tiny|small|full] [--limit N] [--workers 2] [--hosts localhost:2] [--exp exp/NAME]
-#          [--vocab 500] [--seed 0] [-- key=value ...]        (overrides after -- go to asr.train)
+#          [--vocab 500] [--seed 0] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight 0.3]
+#          [-- key=value ...]                              (overrides after -- go to asr.train)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VENV=${HX_VENV:-$ROOT/.venv}
@@ -16,6 +19,7 @@ PATH="$VENV/bin:$PATH"
 
 stage=0; stop_stage=3; conf=$ROOT/recipes/bfa/conf/cpu-small.yaml; size=small; limit=""
 workers=2; hosts=""; exp=""; vocab=500; seed=0; overrides=()
+lm_extra=60000; lm_minutes=8; lm_weight=0.3
 while [ $# -gt 0 ]; do
   case "$1" in
     --stage) stage=$2; shift 2 ;;
@@ -28,7 +32,10 @@ while [ $# -gt 0 ]; do
     --exp) exp=$2; shift 2 ;;
     --vocab) vocab=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    --lm-extra) lm_extra=$2; shift 2 ;;
+    --lm-minutes) lm_minutes=$2; shift 2 ;;
+    --lm-weight) lm_weight=$2; shift 2 ;;
+    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
     --) shift; overrides=("$@"); break ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -48,6 +55,11 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   log "stage 1: tokenizer ($vocab pieces) and feature statistics"
   asr-prep tokenizer --manifest "$corpus/train.jsonl" --vocab-size "$vocab" --out "$corpus/tokenizer"
   asr-prep stats --manifest "$corpus/train.jsonl" --out "$corpus/stats"
+  log "stage 1: language model text ($lm_extra sentences beyond the transcripts) and the LSTM LM (<= $lm_minutes min)"
+  asr-prep lm-text --corpus "$corpus" --out "$corpus/lm/text.txt" --extra "$lm_extra"
+  rm -f "$corpus/lm/lm_log.jsonl"
+  asr-lm --text "$corpus/lm/text.txt" --tokenizer "$corpus/tokenizer/tokenizer.model" --out "$corpus/lm" \
+    --max-minutes "$lm_minutes"
 fi
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
@@ -66,5 +78,14 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   asr-eval --run-dir "$exp" "${manifests[@]}"
   # The CTC head's best path as a second curve (it reads the audio well before the decoder stops looping).
   asr-eval --run-dir "$exp" "${manifests[@]}" --method ctc || log "CTC best path skipped (see the message above)"
+  # The last checkpoint as the paper decodes: beam search with the LM (here CTC prefix beam + attention rescoring).
+  if [ -f "$corpus/lm/lm.pt" ]; then
+    for m in "$corpus/test.jsonl" "$corpus/test_far.jsonl"; do
+      [ -f "$m" ] || continue
+      asr-eval --checkpoint "$exp/checkpoints/last.pt" --manifest "$m" --method ctc_beam --lm "$corpus/lm/lm.pt" \
+        --lm-weight "$lm_weight" --json "$exp/final_$(basename "$m" .jsonl).json" \
+        || log "LM decoding skipped (see the message above)"
+    done
+  fi
   log "done: $exp/wer_per_epoch.json and $exp/wer_per_epoch.png"
 fi
