@@ -71,7 +71,6 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
              batch_seconds: float = 120.0, desc: str = "", method: str = "attention", lm=None,
              lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0) -> dict:
     """Decode a manifest; return WER, SER and every (id, ref, hyp)."""
-    import jiwer
     from tqdm import tqdm
     from .decode import beam_search, ctc_greedy, ctc_prefix_beam_search, greedy
     from .loader import SpeechDataset, collate, eval_batches
@@ -99,15 +98,26 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
             else:
                 hyps = beam_search(model, feats, flen, beam=beam, ctc_weight=ctc_weight)
             rows += [{"id": i, "ref": r, "hyp": tok.decode(h)} for i, r, h in zip(ids, texts, hyps)]
-    refs = [r["ref"] for r in rows]
-    hyps = [r["hyp"] if r["hyp"].strip() else "<empty>" for r in rows]
-    out = jiwer.process_words(refs, hyps)
-    wer = (out.substitutions + out.deletions + out.insertions) / max(sum(len(r.split()) for r in refs), 1)
-    ser = sum(r["ref"] != r["hyp"] for r in rows) / max(len(rows), 1)
+    speaker = {e["id"]: e.get("speaker", "unknown") for e in ds.entries}
+    by_speaker: dict = {}
+    for r in rows:
+        by_speaker.setdefault(speaker.get(r["id"], "unknown"), []).append(r)
+    out, wer, ser = _rates(rows)
     return {"manifest": str(manifest), "utterances": len(rows), "wer": wer, "ser": ser,
             "substitutions": out.substitutions, "deletions": out.deletions, "insertions": out.insertions,
+            "per_speaker": {s: dict(zip(("utterances", "wer", "ser"), (len(rs), *_rates(rs)[1:])))
+                            for s, rs in sorted(by_speaker.items())},
             "method": method, "beam": beam, "ctc_weight": ctc_weight, "lm_weight": lm_weight if lm else 0.0,
             "length_bonus": length_bonus, "att_weight": att_weight, "hypotheses": rows}
+
+
+def _rates(rows):
+    """jiwer's word alignment counts, WER and sentence error rate of (ref, hyp) rows (an empty hyp counts)."""
+    import jiwer
+    refs = [r["ref"] for r in rows]
+    out = jiwer.process_words(refs, [r["hyp"] if r["hyp"].strip() else "<empty>" for r in rows])
+    wer = (out.substitutions + out.deletions + out.insertions) / max(sum(len(r.split()) for r in refs), 1)
+    return out, wer, sum(r["ref"] != r["hyp"] for r in rows) / max(len(rows), 1)
 
 
 def _decode_opts(args, ckpt, lm=None) -> dict:
@@ -247,6 +257,8 @@ def main(argv=None) -> int:
                            f"{r['att_weight']}"}.get(args.method, f"beam {r['beam']}")
         print(f"{Path(r['manifest']).name}: WER {100 * r['wer']:.2f}%  SER {100 * r['ser']:.2f}%  "
               f"({r['utterances']} utterances, {how})")
+        for spk, x in r["per_speaker"].items():
+            print(f"  {spk:40s} WER {100 * x['wer']:6.2f}%  SER {100 * x['ser']:6.2f}%  ({x['utterances']} utt)")
     if args.json:
         Path(args.json).write_text(json.dumps(results[0] if len(results) == 1 else results, indent=1))
     return 0

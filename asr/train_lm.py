@@ -129,7 +129,8 @@ def main(argv=None) -> int:
     p.add_argument("--emb-dim", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
     p.add_argument("--batch-tokens", type=int, default=4000, help="pieces per batch, padding included")
-    p.add_argument("--max-minutes", type=float, default=0.0, help="stop training after this many minutes (the last, partial epoch is still evaluated and kept if best; 0: no limit)")
+    p.add_argument("--max-minutes", type=float, default=0.0,
+                   help="stop training after this many minutes (the partial epoch is still evaluated; 0: no limit)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)

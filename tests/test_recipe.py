@@ -65,6 +65,7 @@ def test_tiny_model_overfits_a_handful_of_utterances(corpus, tmp_path):
                     corpus / "few.jsonl", "--json", out], check=True, capture_output=True)
     res = json.loads(out.read_text())
     assert res["wer"] == 0.0 and len(res["hypotheses"]) == 4
+    assert sum(x["utterances"] for x in res["per_speaker"].values()) == 4
     # the CTC head's best path, no decoder
     subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
                     corpus / "few.jsonl", "--json", out, "--method", "ctc"], check=True, capture_output=True)
