@@ -10,7 +10,7 @@
 #
 # Usage: recipes/bfa/run.sh [--stage N] [--stop-stage N] [--conf recipes/bfa/conf/cpu-small.yaml]
 #          [--size tiny|small|full] [--limit N] [--workers 2] [--hosts localhost:2] [--exp exp/NAME]
-#          [--vocab 500] [--seed 0] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight 0.3]
+#          [--vocab 500] [--seed 0] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight 0.5]
 #          [-- key=value ...]                              (overrides after -- go to asr.train)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -19,7 +19,7 @@ PATH="$VENV/bin:$PATH"
 
 stage=0; stop_stage=3; conf=$ROOT/recipes/bfa/conf/cpu-small.yaml; size=small; limit=""
 workers=2; hosts=""; exp=""; vocab=500; seed=0; overrides=()
-lm_extra=60000; lm_minutes=8; lm_weight=0.3
+lm_extra=60000; lm_minutes=8; lm_weight=0.5
 while [ $# -gt 0 ]; do
   case "$1" in
     --stage) stage=$2; shift 2 ;;
