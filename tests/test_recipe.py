@@ -84,6 +84,8 @@ def test_tiny_model_overfits_a_handful_of_utterances(corpus, tmp_path):
     assert len(lm_text) == 200 + len((corpus / "train.jsonl").read_text().splitlines()) and not held_out & set(lm_text)
     subprocess.run([BIN / "asr-lm", "--text", lm_dir / "text.txt", "--tokenizer", corpus / "tok" / "tokenizer.model",
                     "--out", lm_dir, "--epochs", "1", "--threads", "1"], check=True, capture_output=True)
+    lm_log = [json.loads(x) for x in (lm_dir / "lm_log.jsonl").read_text().splitlines()]
+    assert len(lm_log) == 1 and 1.0 < lm_log[0]["dev_ppl"] < 1e4
     subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
                     corpus / "few.jsonl", "--json", out, "--method", "ctc_beam", "--lm", lm_dir / "lm.pt",
                     "--lm-weight", "0.1"], check=True, capture_output=True)
