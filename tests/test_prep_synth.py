@@ -137,6 +137,7 @@ def test_voice_list_rules():
     assert not ids["train"] & (ids["dev"] | ids["test"]) and not ids["dev"] & ids["test"]
     assert {"flite:slt", "festival:cmu_us_slt_arctic_hts"} <= ids["dev"] | ids["test"]
     assert {"flite:kal16", "flite:rms", "festival:kal_diphone", "festival:ked_diphone"} <= ids["train"]
+    assert {"festival:kal_diphone~f", "festival:ked_diphone~f", "flite:kal16~f"} <= ids["train"]
     train_variants = {v.name.split("+")[1] for v in voices["train"] if "+" in v.name}
     assert not train_variants & {"f4", "m6"}
 
@@ -148,3 +149,32 @@ def test_full_plan_size_vocabulary_and_disjointness():
     assert len({s.text for s in specs}) == len(specs)
     by_split = {sp: {s.speaker for s in specs if s.split == sp} for sp in SPLITS}
     assert not by_split["train"] & (by_split["dev"] | by_split["test"])
+
+
+@pytest.mark.parametrize("engine,name", [("festival", "kal_diphone"), ("flite", "kal16")])
+def test_derived_female_voice_has_raised_f0_and_the_same_duration(engine, name, tmp_path):
+    import librosa
+    import numpy as np
+
+    text = "Please set an alarm for seven tomorrow morning."
+    plain, derived = tmp_path / "plain.wav", tmp_path / "derived.wav"
+    Voice(engine, name, "train").synthesize(text, {"stretch": 1.0}, plain)
+    Voice(engine, f"{name}~f", "train").synthesize(text, {"stretch": 1.0, "f0": 200, "formant": 1.2}, derived)
+    (y0, sr0), (y1, sr1) = sf.read(plain), sf.read(derived)
+    assert sr1 == sr0
+    assert abs(len(y1) / len(y0) - 1) < 0.1  # slower synthesis, then 1.2x faster playback
+    f0 = lambda y, sr: float(np.nanmedian(librosa.pyin(y.astype(np.float32), fmin=60, fmax=400, sr=sr)[0]))
+    assert f0(y0, sr0) < 120 and 170 < f0(y1, sr1) < 230
+
+
+def test_derived_voice_rules(tmp_path):
+    with pytest.raises(ValueError, match="name it kal16~TAG"):
+        Voice("flite", "kal16", "train", f0=(180, 200))
+    with pytest.raises(ValueError, match="honours F0 targets"):
+        Voice("flite", "rms~f", "train", f0=(180, 200))
+    v = Voice("festival", "ked_diphone~f", "train", stretch=(1.0, 1.0), f0=(190, 190), formant=(1.2, 1.2))
+    p = v.draw_params(__import__("random").Random(0))
+    assert p == {"stretch": 1.0, "f0": 190, "formant": 1.2} and v.program_voice == "ked_diphone"
+    argv, _ = v.command("hello", p, tmp_path / "x.wav")
+    assert "(voice_ked_diphone)" in argv and any("Duration_Stretch 1.2)" in a for a in argv)
+    assert any("target_f0_mean 158.3" in a for a in argv)  # 190 / 1.2 before the resampling raises it
