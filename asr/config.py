@@ -70,6 +70,7 @@ class TrainConfig:
     clip: float = 5.0
     compression: str = "none"           # hx.Compression.from_spec: none, fp16, bf16, global_qsgd8, topk0.01, ...
     pipeline: bool = False
+    comm_warmup_steps: int = 0          # first steps reduce plain fp32, synchronously (no codec, no pipeline)
     backward_passes_per_step: int = 1
     amp: str = "none"                   # none | bf16 | fp16 (autocast on GPU hosts)
     seed: int = 0

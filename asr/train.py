@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     opt = hx.DistributedOptimizer(base, model.named_parameters(),
                                   compression=hx.Compression.from_spec(cfg.train.compression),
                                   backward_passes_per_step=cfg.train.backward_passes_per_step,
-                                  pipeline=cfg.train.pipeline)
+                                  pipeline=cfg.train.pipeline, warmup_steps=cfg.train.comm_warmup_steps)
     start_epoch, step = 0, 0
     last = out / "checkpoints" / "last.pt"
     if args.resume and last.exists():
@@ -161,6 +161,7 @@ def main(argv=None) -> int:
         start_epoch, step = hvd.broadcast_object((ckpt["epoch"] + 1, ckpt["step"]) if rank == 0 else None, 0,
                                                  name="resume")
         log({"event": "resume", "from": str(last), "epoch": start_epoch, "step": step})
+        opt.warmup_steps = max(0, cfg.train.comm_warmup_steps - step)  # a resumed run does not warm up again
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     peak_lr = cfg.train.lr * size

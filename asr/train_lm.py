@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .models.rnnlm import LMConfig, PieceLM, save_lm
+from .models.rnnlm import LMConfig, PieceLM, pad_pieces, save_lm
 
 
 def tokenizer_digest(path) -> str:
@@ -43,19 +43,12 @@ def _batches(lengths: list[int], batch_tokens: int, rng: random.Random) -> list[
     return out
 
 
-def _pad(seqs: list[list[int]]):
-    tokens = torch.full((len(seqs), max(len(s) for s in seqs)), -1, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        tokens[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-    return tokens, torch.tensor([len(s) for s in seqs])
-
-
 def perplexity(model: PieceLM, seqs: list[list[int]], batch_tokens: int = 8000) -> float:
     model.eval()
     nll, n = 0.0, 0
     with torch.no_grad():
         for b in _batches([len(s) for s in seqs], batch_tokens, random.Random(0)):
-            loss, count = model.loss(*_pad([seqs[i] for i in b]))
+            loss, count = model.loss(*pad_pieces([seqs[i] for i in b]))
             nll, n = nll + float(loss), n + count
     model.train()
     return math.exp(nll / max(n, 1))
@@ -92,7 +85,7 @@ def train_lm(text, tokenizer, out_dir, config: LMConfig | None = None, epochs: i
         total, count = 0.0, 0
         bar = tqdm(batches, desc=f"LM epoch {epoch}", dynamic_ncols=True, disable=not sys.stderr.isatty())
         for step, b in enumerate(bar):
-            loss, n = model.loss(*_pad([train[i] for i in b]))
+            loss, n = model.loss(*pad_pieces([train[i] for i in b]))
             opt.zero_grad()
             (loss / n).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

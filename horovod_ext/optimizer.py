@@ -12,6 +12,9 @@ gradient's reduction from a hook as soon as backward has accumulated it. Unlike 
   step 1 has nothing left to apply and leaves the parameters as they are; from step 2 on, step t
   applies the gradients of step t-1. ``flush()`` applies what is in flight (call it at epoch end,
   before checkpoints and evaluation), so every gradient is applied exactly once;
+* ``warmup_steps=K``: the first K steps reduce plain fp32 and synchronously (no codec, no pipeline),
+  as PowerSGD's ``start_powerSGD_iter`` and DGC's warm-up do: the first steps of training change the
+  parameters fastest, and there compression noise and staleness cost the most;
 * ``comm_stats()`` reports what was handed to Horovod and how long the training thread waited.
 """
 from __future__ import annotations
@@ -32,13 +35,15 @@ from .stats import CommStats
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression: Compressor, backward_passes_per_step: int = 1,
                  op=hvd.Average, process_set=hvd.global_process_set, pipeline: bool = False,
-                 overlap: bool = True, adaptive=True):
+                 overlap: bool = True, adaptive=True, warmup_steps: int = 0):
         super(self.__class__, self).__init__(params)
         if not isinstance(compression, Compressor):
             raise TypeError(f"compression must be an hx.Compression codec (e.g. hx.Compression.fp16), "
                             f"got {compression!r}")
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         self._compression = compression
         if isinstance(adaptive, Adaptive):
             self.adaptive = adaptive
@@ -48,12 +53,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.op = op
         self.process_set = process_set
         self.pipeline = bool(pipeline)
+        self.warmup_steps = int(warmup_steps)
         self._names = self._check_names(named_parameters)
         compression.validate(process_set.size(), op)
 
         self._step_stats = CommStats()
         self._total_stats = CommStats()
         self._last_stats = CommStats()
+        self._codec_stats = CommStats()    # steps after the warm-up: what the adaptive cost rule measures
         self._comm = Communicator(process_set, self._step_stats)
         self._driver = Driver() if (overlap or pipeline) else None
         self._codec_state: dict[str, dict] = {name: {} for name in self._names.values()}
@@ -105,17 +112,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return hook
 
     # ------------------------------------------------------------------ reduction
+    @property
+    def warming_up(self) -> bool:
+        """True during the first ``warmup_steps`` steps (plain synchronous fp32 reductions)."""
+        return self._steps_taken < self.warmup_steps
+
+    @property
+    def _pipelining(self) -> bool:
+        return self.pipeline and not self.warming_up
+
     def _start(self, p) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         name = self._names[p]
-        slot = self._steps_taken % 2 if self.pipeline else None
+        slot = self._steps_taken % 2 if self._pipelining else None
         # Pipelined, the user zeroes p.grad and runs the next backward while this reduction is in
         # flight: reduce a snapshot.
-        grad = p.grad.detach().clone() if self.pipeline else p.grad
+        grad = p.grad.detach().clone() if self._pipelining else p.grad
         state = self._codec_state[name]
         codec = self._compression
-        if not self.adaptive.uses_codec(grad.numel()):
+        if self.warming_up:
+            codec = Compression.none
+        elif not self.adaptive.uses_codec(grad.numel()):
             codec = Compression.none
             if "residual" in state:      # compression was switched off: send what error feedback held back
                 grad = grad + state.pop("residual").view_as(grad).to(grad.dtype)
@@ -163,7 +181,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._synchronized = True
             return
         self._start_missing()
-        if self.pipeline and self._steps_taken > 0:
+        # The first pipelined step (step 0, or the first after the warm-up) keeps its gradients in
+        # flight and applies nothing: every gradient is applied exactly once, one step late.
+        if self._pipelining and self._steps_taken > 0:
             ready, self._inflight, self._pending = self._inflight, self._pending, {}
         else:
             ready, self._pending = self._pending, {}
@@ -198,7 +218,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._steps_taken += 1
             self._end_step_stats()
             if (self.adaptive.enabled and not self.adaptive.decided
-                    and self._steps_taken >= self.adaptive.measure_steps):
+                    and self._steps_taken >= self.warmup_steps + self.adaptive.measure_steps):
                 self._decide_adaptive()
 
     def _apply(self, closure=None):
@@ -223,7 +243,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _decide_adaptive(self) -> None:
         """Agree on the codec's cost per element (the slowest worker's) and apply the cost rule."""
-        st = self._total_stats
+        st = self._codec_stats
         local = (st.compress_s + st.decompress_s) / max(st.compressed_elements, 1)
         agreed = float(hvd.allreduce(torch.tensor([local], dtype=torch.float64), name="hx.adaptive.cost",
                                      op=hvd.Max, process_set=self.process_set)[0])
@@ -253,11 +273,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._step_stats.steps = 1 if count_step else 0
         self._last_stats = CommStats(**vars(self._step_stats))
         self._total_stats.add(self._step_stats)
+        if self._steps_taken > self.warmup_steps or not count_step:
+            self._codec_stats.add(self._step_stats)
         for k, v in vars(CommStats()).items():
             setattr(self._step_stats, k, v)
 
     def zero_grad(self, set_to_none: bool = True):
-        if self._pending and not self.pipeline:
+        if self._pending and not self._pipelining:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(); that would drop gradients "
                                  "whose reduction is in flight")
@@ -289,7 +311,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
                          compression: Compressor = Compression.none, backward_passes_per_step: int = 1,
                          op=hvd.Average, process_set=hvd.global_process_set, pipeline: bool = False,
-                         overlap: bool = True, adaptive=True):
+                         overlap: bool = True, adaptive=True, warmup_steps: int = 0):
     """Wrap ``optimizer`` so that gradients are averaged across Horovod workers, compressed by
     ``compression``. A superset of ``hvd.DistributedOptimizer``: with ``Compression.none`` (and
     ``pipeline=False``) it issues the same allreduces and produces bit-identical results.
@@ -298,8 +320,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     ``flush()`` before checkpoints and evaluation. ``overlap`` (default on) advances multi-phase
     codecs from a background thread while backward runs. ``adaptive`` (default on; or an
     :class:`horovod_ext.adaptive.Adaptive` with ``min_numel`` / ``link_gbps``) sends a tensor
-    uncompressed when compression would not pay.
+    uncompressed when compression would not pay. ``warmup_steps``: that many first steps go plain
+    fp32 and synchronous before compression and pipelining start.
     """
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               process_set, pipeline, overlap, adaptive)
+               process_set, pipeline, overlap, adaptive, warmup_steps)

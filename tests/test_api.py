@@ -15,6 +15,11 @@ def horovod_single():
 def test_from_spec_round_trip():
     assert hx.Compression.from_spec("none") is hx.Compression.none
     assert hx.Compression.from_spec("global_qsgd4").bits == 4
+    assert hx.Compression.from_spec("global_qsgd8").bucket == 512
+    assert hx.Compression.from_spec("global_qsgd8-tensor").bucket == 0
+    assert hx.Compression.from_spec("global_qsgd8-b4096").label == "global_qsgd8-b4096"
+    with pytest.raises(ValueError, match="-bN or -tensor"):
+        hx.Compression.from_spec("global_qsgd8-x")
     assert hx.Compression.from_spec("topk0.01-imp").importance
     assert not hx.Compression.from_spec("random_block0.1-ef").detached
     with pytest.raises(ValueError, match="unknown compression 'zip'"):

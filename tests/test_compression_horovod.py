@@ -54,6 +54,16 @@ def test_global_qsgd_edge_cases(reports):
                 assert e["err_over_bound"] <= 1.0 + 1e-5 or tag == "zeros" and e["err_over_bound"] == 0, (bits, tag, e)
 
 
+def test_global_qsgd_buckets_bound_the_error_by_their_own_scale(reports):
+    for rep in reports:
+        b = rep["qsgd_buckets"]
+        assert b["global_qsgd8"]["quiet_err_over_bucket_bound"] <= 1.0 + 1e-5, b
+        assert b["global_qsgd8"]["quiet_rel_err"] < 0.05, b
+        # one scale per tensor: quiet elements 1e-6 of the scale round to 0 or to +-scale/m (unbiased, but no
+        # signal left in one sample)
+        assert b["global_qsgd8-tensor"]["quiet_rel_err"] >= 0.9, b
+
+
 def test_nonfinite_gradient_is_agreed_by_every_worker(reports):
     for rep in reports:
         assert rep["nan_raise"]["outcome"] == "raised"

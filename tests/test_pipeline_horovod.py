@@ -21,6 +21,15 @@ def test_trajectory_equals_one_step_stale_simulation(reports, momentum):
         assert tr["flush_changed"], "flush() must apply the last step's gradients"
 
 
+def test_warmup_steps_are_plain_synchronous_then_pipelined_and_compressed(reports):
+    for rep in reports:
+        w = rep["warmup"]
+        assert w["exact"], w  # 4 synchronous steps, step 4 applies nothing, then one step stale, flush
+        # with Global-QSGD the first trajectory point that differs from plain fp32 is after the step that
+        # applies the first compressed gradient (step 5 applies step 4's): steps 0-4 are bit-identical
+        assert w["compressed_equal_until"] == 5 and w["compressed_max_diff"] > 0, w
+
+
 def test_hundred_steps_without_duplicate_names(reports):
     for rep in reports:
         for spec in ("none", "global_qsgd8"):

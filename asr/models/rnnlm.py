@@ -69,13 +69,18 @@ class PieceLM(nn.Module):
         """log P(hyp + eos) of each piece sequence."""
         if not hyps:
             return []
-        tokens = torch.full((len(hyps), max(len(h) for h in hyps)), -1, dtype=torch.long)
-        for i, h in enumerate(hyps):
-            tokens[i, :len(h)] = torch.tensor(h, dtype=torch.long)
-        tin, tout = self._shifted(tokens, torch.tensor([len(h) for h in hyps]))
+        tin, tout = self._shifted(*pad_pieces(hyps))
         logp = F.log_softmax(self(tin)[0], dim=-1)
         picked = logp.gather(-1, tout.clamp_min(0)[..., None])[..., 0] * (tout >= 0)
         return picked.sum(-1).tolist()
+
+
+def pad_pieces(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Piece sequences as a (batch, longest) tensor padded with -1, and their lengths."""
+    tokens = torch.full((len(seqs), max(len(s) for s in seqs)), -1, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tokens[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+    return tokens, torch.tensor([len(s) for s in seqs])
 
 
 def save_lm(model: PieceLM, path, **extra) -> None:

@@ -21,12 +21,14 @@ class Compression:
     bf16: Compressor = CastTwoPhase(torch.bfloat16)
 
     @staticmethod
-    def global_qsgd(bits: int = 8, seed: int | None = None, nonfinite: str = "raise") -> Compressor:
+    def global_qsgd(bits: int = 8, seed: int | None = None, nonfinite: str = "raise",
+                    bucket: int = 512) -> Compressor:
         """Global-QSGD with ``bits`` bits per element on the wire (8, 4 or 2).
 
-        ``nonfinite``: ``"raise"`` (every worker raises NonFiniteGradientError) or ``"skip"``
-        (every worker skips the step)."""
-        return GlobalQSGD(bits=bits, seed=seed, nonfinite=nonfinite)
+        ``bucket``: elements per shared scale (one float32 each in the Max allreduce); 0 gives one
+        scale per tensor. ``nonfinite``: ``"raise"`` (every worker raises NonFiniteGradientError) or
+        ``"skip"`` (every worker skips the step)."""
+        return GlobalQSGD(bits=bits, seed=seed, nonfinite=nonfinite, bucket=bucket)
 
     @staticmethod
     def topk(ratio: float, importance: bool = False, error_feedback: bool = True) -> Compressor:
@@ -42,8 +44,9 @@ class Compression:
     def from_spec(spec: str) -> Compressor:
         """Build a codec from a short string, for configs and command lines.
 
-        Examples: ``none``, ``fp16``, ``bf16``, ``global_qsgd8``, ``global_qsgd4``, ``topk0.01``,
-        ``topk0.01-imp``, ``random_block0.01``, ``random_block0.01-ef``."""
+        Examples: ``none``, ``fp16``, ``bf16``, ``global_qsgd8`` (512-element buckets),
+        ``global_qsgd8-b4096``, ``global_qsgd8-tensor`` (one scale per tensor), ``global_qsgd4``,
+        ``topk0.01``, ``topk0.01-imp``, ``random_block0.01``, ``random_block0.01-ef``."""
         s = spec.strip().lower()
         if s in ("none", "fp32"):
             return Compression.none
@@ -52,7 +55,16 @@ class Compression:
         if s == "bf16":
             return Compression.bf16
         if s.startswith("global_qsgd"):
-            return Compression.global_qsgd(int(s[len("global_qsgd"):] or 8))
+            body, *flags = s[len("global_qsgd"):].split("-")
+            bucket = 512
+            for f in flags:
+                if f == "tensor":
+                    bucket = 0
+                elif f.startswith("b") and f[1:].isdigit():
+                    bucket = int(f[1:])
+                else:
+                    raise ValueError(f"unknown global_qsgd option {f!r} in {spec!r}; expected -bN or -tensor")
+            return Compression.global_qsgd(int(body or 8), bucket=bucket)
         if s.startswith("topk"):
             body, *flags = s[len("topk"):].split("-")
             return Compression.topk(float(body or 0.01), importance="imp" in flags,
@@ -60,7 +72,7 @@ class Compression:
         if s.startswith("random_block"):
             body, *flags = s[len("random_block"):].split("-")
             return Compression.random_block(float(body or 0.01), detached="ef" not in flags)
-        raise ValueError(f"unknown compression {spec!r}; expected one of none, fp16, bf16, global_qsgd8|4|2, "
+        raise ValueError(f"unknown compression {spec!r}; expected one of none, fp16, bf16, global_qsgd8|4|2[-bN|-tensor], "
                          f"topkRATIO[-imp][-noef], random_blockRATIO[-ef]")
 
 

@@ -1,14 +1,20 @@
 """Global-QSGD: allreduce-compatible stochastic quantization with a shared global scale.
 
 Per tensor and step:
-1. every worker computes max|g| locally; one tiny ``Max`` allreduce makes it global (the same
-   scale ``s`` everywhere), carrying a non-finite flag alongside so all workers agree on NaN/Inf;
+1. every worker computes max|g| locally per bucket of ``bucket`` consecutive elements (QSGD's
+   bucketing; ``bucket=0``: one scale for the whole tensor, as in the Global-QSGD paper); one small
+   ``Max`` allreduce makes the scales global (the same ``s`` everywhere), carrying a non-finite flag
+   alongside so all workers agree on NaN/Inf. With one scale per tensor, every element far below
+   the tensor's largest is mostly rounding noise: on the BFA model's real gradients the averaged
+   gradient's relative L2 error was 0.21 per tensor and 0.043 with 512-element buckets, for 32/512
+   extra bits per element (see the README);
 2. each worker rounds ``g * m / s`` stochastically to an integer in [-m, m]
    (E[q] = g * m / s, so the estimate is unbiased), with m = floor((2**(bits-1) - 1) / n) so that
    the n-worker sum fits a ``bits``-wide lane (see :mod:`horovod_ext.packing`);
 3. the integers are packed 64/bits to an int64 word and summed by an ordinary Horovod ``Sum``
    allreduce; the lane sums are unpacked and rescaled once: avg = sum(q) * s / (m * n).
-Per worker the error of an element is below s/m, hence so is the error of the average.
+Per worker the error of an element is below s/m (s its bucket's scale), hence so is the error of
+the average.
 """
 from __future__ import annotations
 
@@ -22,15 +28,18 @@ NONFINITE_POLICIES = ("raise", "skip")
 
 
 class GlobalQSGD(Compressor):
-    def __init__(self, bits: int = 8, seed: int | None = None, nonfinite: str = "raise"):
+    def __init__(self, bits: int = 8, seed: int | None = None, nonfinite: str = "raise", bucket: int = 512):
         if bits not in packing.SUPPORTED_BITS:
             raise ValueError(f"global_qsgd: bits must be one of {packing.SUPPORTED_BITS}, got {bits!r}")
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"global_qsgd: nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+        if not isinstance(bucket, int) or bucket < 0:
+            raise ValueError(f"global_qsgd: bucket must be an int >= 0 (0: one scale per tensor), got {bucket!r}")
         self.bits = bits
         self.seed = seed
         self.nonfinite = nonfinite
-        self.label = f"global_qsgd{bits}"
+        self.bucket = bucket
+        self.label = f"global_qsgd{bits}" + ("" if bucket == 512 else f"-b{bucket}" if bucket else "-tensor")
 
     def validate(self, world_size: int, op) -> None:
         super().validate(world_size, op)
@@ -52,25 +61,31 @@ class GlobalQSGD(Compressor):
         flat = grad.reshape(-1)
         if not flat.dtype.is_floating_point:
             raise TypeError(f"global_qsgd: gradient {ctx.name!r} has dtype {flat.dtype}; expected a floating dtype")
+        size = flat.numel()
+        bucket = self.bucket if 0 < self.bucket < size else max(size, 1)
         with ctx.compressing():
-            amax = flat.abs().max().to(torch.float32) if flat.numel() else torch.zeros((), dtype=torch.float32)
-            finite = bool(torch.isfinite(amax))
-            header = torch.stack([amax if finite else torch.zeros_like(amax),
-                                  torch.tensor(0.0 if finite else 1.0)])
+            amax = _bucket_amax(flat, bucket) if size else torch.zeros(1, dtype=torch.float32)
+            finite = bool(torch.isfinite(amax).all())
+            header = torch.cat([amax if finite else torch.zeros_like(amax),
+                                torch.tensor([0.0 if finite else 1.0])])
         header = yield ctx.comm.allreduce_(header, name=ctx.op_name("scale"), op=hvd.Max)
-        scale, flag = float(header[0]), float(header[1])
+        scales, flag = header[:-1], float(header[-1])
         if flag > 0:
             ctx.nonfinite = True
             return torch.zeros_like(grad)
-        if scale == 0.0 or flat.numel() == 0:
+        top = float(scales.max())
+        if top == 0.0 or size == 0:
             # Still take part in the payload collective: every worker must issue the same ops.
             words = torch.zeros(packing.packed_words(flat.numel(), self.bits), dtype=torch.int64)
             yield ctx.comm.allreduce_(words, name=ctx.op_name("q"), op=hvd.Sum)
             return torch.zeros_like(grad)
-        # fp32 arithmetic unless the scale is so small or large that m/s or s/m leaves fp32's normal range
-        work = torch.float32 if 1e-30 < scale < 1e30 else torch.float64
+        # fp32 arithmetic unless a scale is so small or large that m/s or s/m leaves fp32's normal range
+        low = float(scales[scales > 0].min())
+        work = torch.float32 if 1e-30 < low and top < 1e30 else torch.float64
+        s = scales.to(work)
+        s = torch.where(s > 0, s, torch.ones_like(s))  # an all-zero bucket quantizes to zeros whatever its scale
         with ctx.compressing():
-            v = flat.to(work).mul_(m / scale)
+            v = _per_bucket(flat.to(work), bucket, m / s)
             noise = torch.rand(v.shape, generator=self._generator(ctx, v.device), dtype=work)
             q = v.add_(noise).floor_().clamp_(-m, m)
             words = packing.pack(q, self.bits, m)
@@ -78,8 +93,27 @@ class GlobalQSGD(Compressor):
         with ctx.decompressing():
             sums = packing.unpack(total, self.bits, m, n, flat.numel())
             denom = m * (n if ctx.average else 1)
-            out = sums.to(work).mul_(scale / denom)
+            out = _per_bucket(sums.to(work), bucket, s / denom)
             return out.to(grad.dtype).view_as(grad)
+
+
+def _bucket_amax(flat: torch.Tensor, bucket: int) -> torch.Tensor:
+    """max|x| of each run of ``bucket`` elements (the last run may be shorter), as float32."""
+    full = flat.numel() // bucket * bucket
+    parts = [flat[:full].view(-1, bucket).abs().amax(1)] if full else []
+    if full < flat.numel():
+        parts.append(flat[full:].abs().max().reshape(1))
+    return torch.cat(parts).to(torch.float32)
+
+
+def _per_bucket(x: torch.Tensor, bucket: int, factors: torch.Tensor) -> torch.Tensor:
+    """Multiply each run of ``bucket`` elements of ``x`` (1-D, owned) by its factor, in place."""
+    full = x.numel() // bucket * bucket
+    if full:
+        x[:full].view(-1, bucket).mul_(factors[:full // bucket, None])
+    if full < x.numel():
+        x[full:].mul_(factors[-1])
+    return x
 
 
 def _stable_hash(text: str) -> int:

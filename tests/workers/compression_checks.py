@@ -118,6 +118,24 @@ for bits in (8, 4):
     qs[bits] = res
 report["qsgd"] = {str(k): v for k, v in qs.items()}
 
+# ---- Global-QSGD buckets: each run of `bucket` elements has its own shared scale ------------------------------
+g = torch.Generator().manual_seed(80)
+xs = []
+for r in range(N):
+    x = torch.randn(2048 + 100, generator=g) * 1e-3
+    x[:512] *= 1e6            # one loud bucket; the other buckets (and the 100-element tail) are quiet
+    xs.append(x)
+exact = sum(xs) / N
+m = packing.check_capacity(8, N)
+bk = {}
+for spec in ("global_qsgd8", "global_qsgd8-tensor"):
+    out = hx.allreduce(xs[R].clone(), name=f"bucket.{spec}", compression=hx.Compression.from_spec(spec))
+    quiet = slice(512, None)
+    quiet_scale = max(float(x[quiet].abs().max()) for x in xs)
+    bk[spec] = {"quiet_err_over_bucket_bound": float((out[quiet] - exact[quiet]).abs().max()) / (quiet_scale / m),
+                "quiet_rel_err": float((out[quiet] - exact[quiet]).norm() / exact[quiet].norm())}
+report["qsgd_buckets"] = bk
+
 # NaN on one worker: every worker raises, or every worker skips
 if packing.levels_for(8, N) >= 1:
     for policy in ("raise", "skip"):

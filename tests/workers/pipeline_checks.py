@@ -35,15 +35,17 @@ def averaged_grads(model, t):
     return [g / N for g in grads]
 
 
-def simulate(steps, momentum):
-    """Step 0 synchronous, step 1 applies nothing, step t >= 2 applies the average of step t-1; flush."""
+def simulate(steps, momentum, warmup=0):
+    """Steps before S = max(warmup, 1) synchronous, step S applies nothing, step t > S applies the average of
+    step t-1; flush."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     stale = None
     traj = []
+    first = max(warmup, 1)
     for t in range(steps):
         g = averaged_grads(model, t)
-        apply = g if t == 0 else (stale if t >= 2 else None)
+        apply = g if t < first else (stale if t > first else None)
         stale = g
         if apply is not None:
             for p, a in zip(model.parameters(), apply):
@@ -57,11 +59,11 @@ def simulate(steps, momentum):
     return traj
 
 
-def run(steps, momentum, compression=hx.Compression.none, bpps=1):
+def run(steps, momentum, compression=hx.Compression.none, bpps=1, warmup=0):
     model = make_model()
     opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum),
                                   model.named_parameters(), compression=compression, pipeline=True,
-                                  backward_passes_per_step=bpps, adaptive=False)
+                                  backward_passes_per_step=bpps, adaptive=False, warmup_steps=warmup)
     traj = []
     for t in range(steps):
         opt.zero_grad(set_to_none=True)
@@ -81,6 +83,17 @@ for momentum in (0.0, 0.9):
     diffs = [max(float((a - b).abs().max()) for a, b in zip(s, g)) for s, g in zip(sim, got)]
     report[f"trajectory_m{momentum}"] = {"exact": all(d == 0.0 for d in diffs), "max_diff": max(diffs),
                                           "flush_changed": any(not torch.equal(a, b) for a, b in zip(got[-2], got[-1]))}
+
+# warm-up: 4 plain synchronous steps, then pipelined (and compressed: the warm-up steps equal plain fp32 exactly)
+sim = simulate(STEPS, 0.9, warmup=4)
+got, _ = run(STEPS, 0.9, warmup=4)
+diffs = [max(float((a - b).abs().max()) for a, b in zip(s, g)) for s, g in zip(sim, got)]
+q, qopt = run(STEPS, 0.9, compression=hx.Compression.global_qsgd(bits=8), warmup=4)
+report["warmup"] = {"exact": all(d == 0.0 for d in diffs), "max_diff": max(diffs),
+                    "compressed_equal_until": next((t for t, (a, b) in enumerate(zip(q, got))
+                                                    if any(not torch.equal(x, y) for x, y in zip(a, b))), None),
+                    "compressed_max_diff": max(float((a - b).abs().max()) for s, g in zip(q, got)
+                                               for a, b in zip(s, g))}
 
 # 100 steps without a duplicate-name error, with a multi-phase codec too
 for spec in ("none", "global_qsgd8"):
