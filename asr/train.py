@@ -179,6 +179,7 @@ def main(argv=None) -> int:
     budget_s = cfg.train.max_minutes * 60
     trained_s = hvd.broadcast_object(_trained_seconds(log_path) if rank == 0 else None, 0, name="trained_s")
     epochs_done = start_epoch
+    wait_before = 0.0                   # comm_stats() counts from process start; the log wants each epoch's share
     for epoch in range(start_epoch, cfg.train.epochs):
         if budget_s and (trained_s >= budget_s or epoch > start_epoch and trained_s + epoch_s > budget_s):
             # Stop before an epoch that would not end within the budget (all ranks decide alike: the
@@ -259,7 +260,8 @@ def main(argv=None) -> int:
                **({"dev_wer_ctc": float(tot[2] / max(tot[1], 1))} if model.ctc_head is not None else {}),
                "train_s": train_s, "eval_s": time.time() - t0 - train_s,
                "lr": opt.param_groups[0]["lr"], "bits_per_element": comm["bits_per_element"],
-               "comm_wait_s": comm["wait_s"]}
+               "comm_wait_s": comm["wait_s"] - wait_before}
+        wait_before = comm["wait_s"]
         if rank == 0:
             ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch, "step": step,
                     "model_config": dataclasses.asdict(model_cfg), "config": cfg.to_dict(),

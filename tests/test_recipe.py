@@ -126,6 +126,8 @@ def test_train_under_horovodrun_with_compression_and_pipelining(corpus, tmp_path
     assert start["workers"] == 2 and start["compression"] == "global_qsgd8" and start["pipeline"]
     epochs = [r for r in recs if r["event"] == "epoch"]
     assert len(epochs) == 2 and epochs[1]["train_loss"] < epochs[0]["train_loss"]
+    # The communication wait is each epoch's own share, within that epoch's training time.
+    assert all(0 <= e["comm_wait_s"] <= e["train_s"] for e in epochs)
     assert (run / "checkpoints" / "epoch001.pt").exists() and (run / "DONE").exists()
 
 
