@@ -22,6 +22,7 @@ class DataConfig:
     tokenizer: str = "exp/corpus/tokenizer/tokenizer.model"
     stats: str = "exp/corpus/stats/feature_stats.json"
     max_duration: float = 20.0          # longer training utterances are skipped (logged)
+    cmvn: str = "global"                # feature normalization: "global" (corpus statistics) or "utterance"
     dev_subset: int = 200               # dev utterances decoded for the per-epoch WER (0: all)
 
 
@@ -105,6 +106,10 @@ class ConfigError(ValueError):
     pass
 
 
+# Keys whose value must be one of a few words (checked after the types).
+CHOICES = {"data.cmvn": ("global", "utterance")}
+
+
 def _coerce(value, typ, where: str):
     origin = typing.get_origin(typ) or typ
     if origin is bool:
@@ -179,6 +184,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         key, value = item.split("=", 1)
         _set_path(tree, key.strip(), yaml.safe_load(value) if value.strip() else "")
     try:
-        return _build(Config, tree, "")
+        cfg = _build(Config, tree, "")
+        for key, allowed in CHOICES.items():
+            section, name = key.split(".")
+            value = getattr(getattr(cfg, section), name)
+            if value not in allowed:
+                raise ConfigError(f"{key}: expected one of {', '.join(allowed)}, got {value!r}")
+        return cfg
     except ConfigError as e:
         raise ConfigError(f"{path or 'config'}: {e}") from None

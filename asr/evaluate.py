@@ -66,7 +66,8 @@ def load_checkpoint(path):
     model = BFA(BFAConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     model.eval()
-    return model, Tokenizer(ckpt["tokenizer"]), Normalizer(ckpt["stats"]), ckpt
+    cmvn = ckpt.get("config", {}).get("data", {}).get("cmvn", "global")   # older checkpoints: global
+    return model, Tokenizer(ckpt["tokenizer"]), Normalizer(ckpt["stats"], cmvn), ckpt
 
 
 def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0, limit: int = 0,

@@ -17,18 +17,30 @@ from .features import compute_features
 
 
 class Normalizer:
-    """Per-dimension mean/variance normalization with statistics from ``asr-prep stats``."""
+    """Per-dimension mean/variance normalization.
 
-    def __init__(self, stats_path):
+    ``cmvn="global"``: one mean and deviation per mel band for the whole corpus, from ``asr-prep stats``.
+    ``cmvn="utterance"``: each utterance's own mean and deviation per band, so a voice's or a room's
+    spectral colouring (a constant offset per band in the compressed mel domain) is removed before the
+    model sees it; the statistics file then only tells the feature compression."""
+
+    MODES = ("global", "utterance")
+
+    def __init__(self, stats_path, cmvn: str = "global"):
+        if cmvn not in self.MODES:
+            raise ValueError(f"cmvn must be one of {self.MODES}, got {cmvn!r}")
         stats = json.loads(Path(stats_path).read_text())
         for key in ("mean", "std"):
             if key not in stats or len(stats[key]) != 40:
                 raise ValueError(f"{stats_path}: expected 40-dim '{key}' (written by asr-prep stats)")
+        self.cmvn = cmvn
         self.mean = torch.tensor(stats["mean"], dtype=torch.float32)
         self.std = torch.tensor(stats["std"], dtype=torch.float32).clamp_min(1e-5)
         self.compression = stats.get("compression", "power")
 
     def __call__(self, feats: torch.Tensor) -> torch.Tensor:
+        if self.cmvn == "utterance":
+            return (feats - feats.mean(0)) / feats.std(0, unbiased=False).clamp_min(1e-3)
         return (feats - self.mean) / self.std
 
 

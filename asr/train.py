@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                                              for k, v in rec.items() if not isinstance(v, dict)))
 
     tok = Tokenizer(cfg.data.tokenizer)
-    norm = Normalizer(cfg.data.stats)
+    norm = Normalizer(cfg.data.stats, cfg.data.cmvn)
     train_set = SpeechDataset(cfg.data.train, tok, norm, max_duration=cfg.data.max_duration)
     train_set.augmenter = build_augmenter(cfg, train_set, cfg.train.seed)
     dev_set = SpeechDataset(cfg.data.dev, tok, norm)

@@ -1,0 +1,144 @@
+"""Quick single-process experiment (not part of the library): train the BFA model on cached clean features for a
+fixed wall-clock budget and report CTC best-path WER on seen training utterances and on unseen-voice dev/test
+subsets, split by domain (command / open), at regular intervals.
+
+Two of these run side by side on the 2 cores (one thread each) to compare one change at equal CPU; the figures are
+only comparable within such a pair. The recipe's numbers come from recipes/bfa/run.sh, never from this script.
+
+    .venv/bin/python scripts/quick_ctc_experiment.py --corpus exp/corpus_small_seed0 --minutes 10 \\
+        --json out/quick/base.json [--cmvn utterance] [--tokenizer T.model] [--set model.enc_hidden=192]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+
+def load_or_cache(corpus: Path, split: str, cache_dir: Path, limit: int | None):
+    from asr.augment.dataset import load_wave
+    from asr.data.manifest import audio_path, read_manifest
+    from asr.features import compute_features
+    cache = cache_dir / f"{split}.pt"
+    entries = read_manifest(corpus / f"{split}.jsonl")
+    if cache.exists():
+        feats = torch.load(cache)
+    else:
+        feats = [compute_features(load_wave(audio_path(e, corpus / f"{split}.jsonl"))).half() for e in entries]
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(feats, cache)
+    pairs = list(zip(entries, feats))
+    if limit:
+        random.Random(0).shuffle(pairs)
+        pairs = pairs[:limit]
+    return pairs
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", type=Path, required=True)
+    p.add_argument("--tokenizer", type=Path, default=None)
+    p.add_argument("--cmvn", choices=["global", "utterance"], default="global")
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--eval-every", type=float, default=2.5, help="minutes")
+    p.add_argument("--eval-limit", type=int, default=200)
+    p.add_argument("--batch-seconds", type=float, default=40.0)
+    p.add_argument("--lr", type=float, default=0.006)
+    p.add_argument("--decay", type=float, default=0.9)
+    p.add_argument("--train-limit", type=int, default=None)
+    p.add_argument("--config", type=Path, default=Path("recipes/bfa/conf/cpu-small.yaml"))
+    p.add_argument("--set", action="append", default=[], help="config overrides, e.g. model.enc_hidden=192")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, required=True)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    from asr.config import load_config
+    from asr.decode import ctc_greedy
+    from asr.loader import BucketBatchSampler, Normalizer, Tokenizer, collate
+    from asr.models.bfa import BFA, BFAConfig, parameter_count
+    from asr.train import lr_factor, word_errors
+
+    cfg = load_config(a.config, a.set)
+    tok = Tokenizer(a.tokenizer or a.corpus / "tokenizer" / "tokenizer.model")
+    norm = Normalizer(a.corpus / "stats" / "feature_stats.json")
+    cache = a.corpus / "quick_cache"
+    train = load_or_cache(a.corpus, "train", cache, a.train_limit)
+    evals = {"train": load_or_cache(a.corpus, "train", cache, a.eval_limit),
+             "dev": load_or_cache(a.corpus, "dev", cache, a.eval_limit),
+             "test": load_or_cache(a.corpus, "test", cache, a.eval_limit)}
+
+    def prep(e, f):
+        f = f.float()
+        if a.cmvn == "global":
+            f = norm(f)
+        else:
+            f = (f - f.mean(0)) / f.std(0).clamp_min(1e-3)
+        return e["id"], f, tok.encode(e["text"]), e["text"]
+
+    model_cfg = BFAConfig(vocab_size=tok.vocab_size, **dataclasses.asdict(cfg.model))
+    torch.manual_seed(a.seed)
+    model = BFA(model_cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
+    sampler = BucketBatchSampler([e["duration"] for e, _ in train], a.batch_seconds, 96, seed=a.seed)
+
+    def evaluate():
+        model.eval()
+        out = {}
+        with torch.no_grad():
+            for name, pairs in evals.items():
+                errs = {}
+                for i in range(0, len(pairs), 32):
+                    chunk = pairs[i:i + 32]
+                    _, feats, flen, _, _, texts = collate([prep(e, f) for e, f in chunk])
+                    for (e, _), hyp, ref in zip(chunk, ctc_greedy(model, feats, flen), texts):
+                        er, n = word_errors(ref, tok.decode(hyp))
+                        for key in ("all", e.get("domain", "?"), e["speaker"]):
+                            s = errs.setdefault(key, [0, 0])
+                            s[0] += er
+                            s[1] += n
+                out[name] = {k: round(100 * v[0] / max(v[1], 1), 1) for k, v in errs.items()}
+        model.train()
+        return out
+
+    t0, step, epoch, last_eval, curve = time.time(), 0, 0, 0.0, []
+    budget = a.minutes * 60
+    losses = []
+    while time.time() - t0 < budget:
+        sampler.set_epoch(epoch)
+        for b in sampler:
+            if time.time() - t0 >= budget:
+                break
+            _, feats, flen, toks, tlen, _ = collate([prep(*train[i]) for i in b])
+            for g in opt.param_groups:
+                g["lr"] = a.lr * lr_factor(step, epoch, cfg.train.warmup_steps, a.decay)
+            loss, stats = model(feats, flen, toks, tlen)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
+            opt.step()
+            step += 1
+            losses.append(stats.get("ctc_loss", stats["loss"]))
+            el = time.time() - t0
+            if el - last_eval >= a.eval_every * 60:
+                last_eval = el
+                rec = {"minutes": round(el / 60, 2), "step": step, "epoch": epoch,
+                       "ctc_loss": round(sum(losses[-50:]) / len(losses[-50:]), 3), "wer": evaluate()}
+                curve.append(rec)
+                print(json.dumps(rec), flush=True)
+        epoch += 1
+    rec = {"minutes": round((time.time() - t0) / 60, 2), "step": step, "epoch": epoch,
+           "ctc_loss": round(sum(losses[-50:]) / max(len(losses[-50:]), 1), 3), "wer": evaluate()}
+    curve.append(rec)
+    print(json.dumps(rec), flush=True)
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
+                                  "parameters": parameter_count(model), "curve": curve}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
