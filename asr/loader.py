@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from .config import CHOICES
 from .data.manifest import audio_path, read_manifest
 from .features import compute_features
 
@@ -24,7 +25,7 @@ class Normalizer:
     spectral colouring (a constant offset per band in the compressed mel domain) is removed before the
     model sees it; the statistics file then only tells the feature compression."""
 
-    MODES = ("global", "utterance")
+    MODES = CHOICES["data.cmvn"]
 
     def __init__(self, stats_path, cmvn: str = "global"):
         if cmvn not in self.MODES:

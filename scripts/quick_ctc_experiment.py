@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from asr.config import CHOICES
+
 
 def load_or_cache(corpus: Path, split: str, cache_dir: Path, limit: int | None):
     from asr.augment.dataset import load_wave
@@ -43,7 +45,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--tokenizer", type=Path, default=None)
-    p.add_argument("--cmvn", choices=["global", "utterance"], default="global")
+    p.add_argument("--cmvn", choices=CHOICES["data.cmvn"], default="global")
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--eval-every", type=float, default=2.5, help="minutes")
     p.add_argument("--eval-limit", type=int, default=200)
@@ -65,7 +67,7 @@ def main():
 
     cfg = load_config(a.config, a.set)
     tok = Tokenizer(a.tokenizer or a.corpus / "tokenizer" / "tokenizer.model")
-    norm = Normalizer(a.corpus / "stats" / "feature_stats.json")
+    norm = Normalizer(a.corpus / "stats" / "feature_stats.json", a.cmvn)
     cache = a.corpus / "quick_cache"
     train = load_or_cache(a.corpus, "train", cache, a.train_limit)
     evals = {"train": load_or_cache(a.corpus, "train", cache, a.eval_limit),
@@ -73,12 +75,7 @@ def main():
              "test": load_or_cache(a.corpus, "test", cache, a.eval_limit)}
 
     def prep(e, f):
-        f = f.float()
-        if a.cmvn == "global":
-            f = norm(f)
-        else:
-            f = (f - f.mean(0)) / f.std(0).clamp_min(1e-3)
-        return e["id"], f, tok.encode(e["text"]), e["text"]
+        return e["id"], norm(f.float()), tok.encode(e["text"]), e["text"]
 
     model_cfg = BFAConfig(vocab_size=tok.vocab_size, **dataclasses.asdict(cfg.model))
     torch.manual_seed(a.seed)
