@@ -54,6 +54,8 @@ class AugmentSection:
     snr_db: list = field(default_factory=lambda: [0.0, 30.0])
     noise_sources: list = field(default_factory=lambda: [0, 3])
     pool_size: int = 64
+    rir_cache: str = "auto"             # simulated rooms on disk, shared by all workers and runs: "auto" is
+                                        # rir_cache/ next to data.train, "" keeps them in memory only
     specaugment: bool = False
     compression: str = "power"          # features: "power" (x ** (1/15)) or "log"
 

@@ -89,9 +89,10 @@ def build_augmenter(cfg, dataset, seed: int):
         return None
     from .augment.pipeline import AugmentConfig, Augmenter
     a = cfg.augment
+    rir_cache = str(Path(cfg.data.train).resolve().parent / "rir_cache") if a.rir_cache == "auto" else a.rir_cache
     ac = AugmentConfig(vtlp=a.vtlp, vtlp_range=tuple(a.vtlp_range), sim_prob=a.sim_prob, t60=tuple(a.t60),
                        snr_db=tuple(a.snr_db), noise_sources=tuple(a.noise_sources), pool_size=a.pool_size,
-                       specaugment=a.specaugment, features=a.compression)
+                       rir_cache=rir_cache or None, specaugment=a.specaugment, features=a.compression)
     return Augmenter(ac, seed=seed, babble=Babble(dataset))
 
 

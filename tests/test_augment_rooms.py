@@ -132,3 +132,31 @@ def test_bad_specs_are_named():
         RIRPool(size=0)
     with pytest.raises(IndexError, match="slot"):
         RIRPool(size=2).get(2, 0)
+
+
+def test_pool_cache_on_disk_builds_each_room_once_for_every_process(tmp_path):
+    spec = RoomSpec(t60=(0.1, 0.2), sides=(3.0, 4.0), max_noise_sources=1)
+    first = RIRPool(size=3, seed=5, refresh_every=1, refresh_fraction=0.34, spec=spec, cache_dir=tmp_path)
+    built = [first.get(s, 0) for s in range(3)]
+    assert first.builds == 3 and len(list(tmp_path.glob("room-*.pt"))) == 3
+    # another process (a second rank's loader worker, a later run): reads every room, bit-identical
+    second = RIRPool(size=3, seed=5, refresh_every=1, refresh_fraction=0.34, spec=spec, cache_dir=tmp_path)
+    for s, x in enumerate(built):
+        y = second.get(s, 0)
+        assert torch.equal(x.speech_rir, y.speech_rir) and x.dims == y.dims and x.t60 == y.t60
+        assert all(torch.equal(a, b) for a, b in zip(x.noise_rirs, y.noise_rirs))
+    assert second.builds == 0
+    # a refreshed slot is a new room, built once
+    assert not torch.equal(second.get(0, 1).speech_rir, built[0].speech_rir) and second.builds == 1
+    # the same as without a cache
+    plain = RIRPool(size=3, seed=5, refresh_every=1, refresh_fraction=0.34, spec=spec)
+    assert torch.equal(plain.get(2, 0).speech_rir, built[2].speech_rir)
+    # another seed or spec does not share files; an unreadable file is rebuilt and replaced
+    other = RIRPool(size=3, seed=6, spec=spec, cache_dir=tmp_path)
+    assert other.cache_path(0, 0) != first.cache_path(0, 0)
+    path = first.cache_path(1, 0)
+    path.write_bytes(b"truncated")
+    third = RIRPool(size=3, seed=5, spec=spec, cache_dir=tmp_path)
+    assert torch.equal(third.get(1, 0).speech_rir, built[1].speech_rir) and third.builds == 1
+    assert torch.equal(RIRPool(size=3, seed=5, spec=spec, cache_dir=tmp_path).get(1, 0).speech_rir, built[1].speech_rir)
+    assert not list(tmp_path.glob("*.tmp"))

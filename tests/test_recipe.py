@@ -129,6 +129,8 @@ def test_train_under_horovodrun_with_compression_and_pipelining(corpus, tmp_path
     # The communication wait is each epoch's own share, within that epoch's training time.
     assert all(0 <= e["comm_wait_s"] <= e["train_s"] for e in epochs)
     assert (run / "checkpoints" / "epoch001.pt").exists() and (run / "DONE").exists()
+    # Both ranks' loader workers share the simulated rooms through rir_cache/ next to the training manifest.
+    assert list((corpus / "rir_cache").glob("room-*.pt"))
 
 
 def test_time_budget_stops_before_an_epoch_that_would_overrun(corpus, tmp_path):

@@ -60,6 +60,7 @@ class AugmentConfig:
     pool_seed: int | None = None        # None: derived from the Augmenter seed
     pool_refresh_every: int = 1         # epochs between refreshes (0: never)
     pool_refresh_fraction: float = 0.25
+    rir_cache: str | None = None        # folder shared by every process that builds this pool (None: memory only)
     specaugment: bool = False
     specaugment_options: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     features: str = "power"             # "power" (x ** (1/15)) or "log" (log(x + 1e-6))
@@ -162,7 +163,7 @@ class Augmenter:
             c = self.config
             self._pool = RIRPool(size=c.pool_size, seed=self.seed if c.pool_seed is None else c.pool_seed,
                                  refresh_every=c.pool_refresh_every, refresh_fraction=c.pool_refresh_fraction,
-                                 spec=c.room_spec())
+                                 spec=c.room_spec(), cache_dir=c.rir_cache)
         return self._pool
 
     def filterbank(self, warp: float) -> torch.Tensor:

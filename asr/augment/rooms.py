@@ -11,7 +11,9 @@ function of ``(seed, i, version)``, and the version of a slot is a pure function
 ``refresh_every`` epochs the next ``ceil(refresh_fraction * size)`` slots (round robin) get a new room. Any process
 asked for ``(slot, epoch)`` therefore builds or reuses exactly the same RIRs. Building is lazy per slot (the first
 utterance that draws a slot in a process pays for it), and single-threaded (pyroomacoustics' multi-threaded
-fractional-delay sum is not bit-reproducible across thread counts).
+fractional-delay sum is not bit-reproducible across thread counts). With a ``cache_dir`` the rooms are also kept on
+disk, keyed by (spec, seed, slot, version, pyroomacoustics version): the loader workers of every rank build the
+same pool, so each room is built once for all of them and for later runs on the same corpus.
 
 Absorption: ``pra.inverse_sabine`` gives the max reflection order (never capped: a cap shortens the tail) and
 Sabine's absorption. But the image method's decay is neither Sabine's nor, in non-cubic rooms, Eyring's: energy
@@ -28,15 +30,20 @@ Each entry also records the T60 measured (pra.experimental.measure_rt60, T20) on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyroomacoustics as pra
 import torch
 
 ABSORPTION_MODELS = ("ism", "eyring", "sabine")
+_CACHE_FORMAT = 1                                # bump when RoomEntry or build_room changes what a room holds
 SPEED_OF_SOUND = float(pra.constants.get("c"))   # what ShoeBox uses without temperature/humidity
 
 
@@ -204,7 +211,7 @@ class RIRPool:
     """
 
     def __init__(self, size: int = 64, seed: int = 0, refresh_every: int = 1, refresh_fraction: float = 0.25,
-                 spec: RoomSpec = RoomSpec()):
+                 spec: RoomSpec = RoomSpec(), cache_dir: str | os.PathLike | None = None):
         if size < 1:
             raise ValueError(f"RIRPool size must be >= 1, got {size}")
         if refresh_every < 0:
@@ -213,6 +220,7 @@ class RIRPool:
             raise ValueError(f"RIRPool refresh_fraction must be in [0, 1], got {refresh_fraction}")
         self.size, self.seed, self.spec = size, seed, spec
         self.refresh_every, self.refresh_fraction = refresh_every, refresh_fraction
+        self.cache_dir = Path(cache_dir) if cache_dir else None
         self._entries: dict[int, tuple[int, RoomEntry]] = {}
         self.builds = 0
 
@@ -234,11 +242,42 @@ class RIRPool:
         version = self.version(slot, epoch)
         cached = self._entries.get(slot)
         if cached is None or cached[0] != version:
-            rng = np.random.default_rng([self.seed, slot, version])
-            cached = (version, build_room(rng, self.spec))
+            entry = self._load(slot, version)
+            if entry is None:
+                entry = build_room(np.random.default_rng([self.seed, slot, version]), self.spec)
+                self.builds += 1
+                self._store(slot, version, entry)
+            cached = (version, entry)
             self._entries[slot] = cached
-            self.builds += 1
         return cached[1]
+
+    # The on-disk cache: every process that builds a pool with the same (spec, seed) builds the same rooms (the
+    # loader workers of all ranks, later runs on the same corpus), so the first to build a room leaves it there
+    # for the others. Files are written atomically; one that cannot be read is rebuilt and replaced.
+
+    def cache_path(self, slot: int, version: int) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        key = repr((dataclasses.astuple(self.spec), self.seed, slot, version, pra.__version__, _CACHE_FORMAT))
+        return self.cache_dir / f"room-{hashlib.blake2b(key.encode(), digest_size=10).hexdigest()}.pt"
+
+    def _load(self, slot: int, version: int) -> RoomEntry | None:
+        path = self.cache_path(slot, version)
+        if path is None or not path.exists():
+            return None
+        try:
+            return RoomEntry(**torch.load(path, weights_only=True))
+        except Exception:      # truncated, foreign or from another format: rebuild it
+            return None
+
+    def _store(self, slot: int, version: int, entry: RoomEntry) -> None:
+        path = self.cache_path(slot, version)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        torch.save(dataclasses.asdict(entry), tmp)
+        os.replace(tmp, path)
 
     def warm(self, epoch: int = 0) -> float:
         """Build every slot for ``epoch`` now (benchmarks, or to move the cost out of the first batches);
