@@ -54,15 +54,14 @@ METHODS = ("attention", "ctc", "ctc_beam")
 
 
 def load_checkpoint(path):
+    from .checkpoint import CheckpointError, load_checkpoint as read_checkpoint
     from .loader import Normalizer, Tokenizer
     from .models.bfa import BFA, BFAConfig
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError) as e:
-        raise SystemExit(f"asr-eval: {path}: cannot read checkpoint: {e}")
-    for key in ("model", "model_config", "tokenizer", "stats"):
-        if key not in ckpt:
-            raise SystemExit(f"asr-eval: {path}: not a BFA checkpoint (no {key!r})")
+        ckpt = read_checkpoint(path, expect_keys=("model", "model_config", "tokenizer", "stats"),
+                               what="a BFA checkpoint written by asr.train")
+    except CheckpointError as e:
+        raise SystemExit(f"asr-eval: {e}")
     model = BFA(BFAConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     model.eval()

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from asr.checkpoint import load_checkpoint  # noqa: E402
 from asr.loader import BucketBatchSampler, Normalizer, SpeechDataset, Tokenizer, collate  # noqa: E402
 from asr.models.bfa import BFA, BFAConfig  # noqa: E402
 
@@ -53,7 +54,7 @@ def main():
                        Normalizer(c / "stats/feature_stats.json"))
     batches = BucketBatchSampler(ds.durations, 20.0, 48, seed=1)._batches()[:2]
     for ck in args.checkpoints:
-        obj = torch.load(ck, map_location="cpu", weights_only=False)
+        obj = load_checkpoint(ck, expect_keys=("model", "model_config"), what="a BFA checkpoint written by asr.train")
         model = BFA(BFAConfig(**obj["model_config"]))
         model.load_state_dict(obj["model"])
         model.train()

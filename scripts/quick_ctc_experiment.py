@@ -24,16 +24,25 @@ from asr.config import CHOICES
 
 def load_or_cache(corpus: Path, split: str, cache_dir: Path, limit: int | None):
     from asr.augment.dataset import load_wave
+    from asr.checkpoint import CheckpointError, atomic_save, load_checkpoint
     from asr.data.manifest import audio_path, read_manifest
     from asr.features import compute_features
     cache = cache_dir / f"{split}.pt"
     entries = read_manifest(corpus / f"{split}.jsonl")
+    feats = None
     if cache.exists():
-        feats = torch.load(cache)
-    else:
+        try:
+            feats = load_checkpoint(cache, what=f"a list of {len(entries)} feature tensors cached by this script")
+            if not isinstance(feats, list) or len(feats) != len(entries):
+                n = f" of {len(feats)} items" if isinstance(feats, list) else ""
+                raise CheckpointError(f"{cache}: holds a {type(feats).__name__}{n}, expected {len(entries)} "
+                                      f"feature tensors (one per utterance of {split}.jsonl)")
+        except CheckpointError as e:
+            print(f"rebuilding the feature cache: {e}", flush=True)
+            feats = None
+    if feats is None:
         feats = [compute_features(load_wave(audio_path(e, corpus / f"{split}.jsonl"))).half() for e in entries]
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(feats, cache)
+        atomic_save(feats, cache)
     pairs = list(zip(entries, feats))
     if limit:
         random.Random(0).shuffle(pairs)

@@ -8,6 +8,7 @@ import sentencepiece as spm
 import soundfile as sf
 import torch
 
+from asr.checkpoint import load_checkpoint
 from asr.data.cli import main
 from asr.data.manifest import write_manifest
 from asr.features import compute_features
@@ -73,7 +74,7 @@ def test_stats_writes_json_pt_and_png(tmp_path, capsys):
                        for i in range(3)]).double()
     assert np.allclose(stats["mean"], feats.mean(0).numpy(), rtol=1e-6)
     assert np.allclose(stats["var"], feats.var(0, unbiased=False).numpy(), rtol=1e-5, atol=1e-9)
-    pt = torch.load(tmp_path / "stats" / "feature_stats.pt")
+    pt = load_checkpoint(tmp_path / "stats" / "feature_stats.pt", expect_keys=("mean", "var", "std"))
     assert pt["mean"].shape == (40,)
     assert (tmp_path / "stats" / "durations.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out

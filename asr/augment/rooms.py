@@ -265,8 +265,9 @@ class RIRPool:
         path = self.cache_path(slot, version)
         if path is None or not path.exists():
             return None
+        from ..checkpoint import load_checkpoint
         try:
-            return RoomEntry(**torch.load(path, weights_only=True))
+            return RoomEntry(**load_checkpoint(path, what="a simulated room"))
         except Exception:      # truncated, foreign or from another format: rebuild it
             return None
 
@@ -274,10 +275,8 @@ class RIRPool:
         path = self.cache_path(slot, version)
         if path is None:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        torch.save(dataclasses.asdict(entry), tmp)
-        os.replace(tmp, path)
+        from ..checkpoint import atomic_save
+        atomic_save(dataclasses.asdict(entry), path)     # own temp file per writer, then os.replace
 
     def warm(self, epoch: int = 0) -> float:
         """Build every slot for ``epoch`` now (benchmarks, or to move the cost out of the first batches);

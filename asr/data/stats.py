@@ -68,9 +68,10 @@ def compute_stats(manifest, out_dir, compression: str = "power", jobs: int | Non
              "sample_rate": SAMPLE_RATE, "window_ms": WIN_S * 1000, "hop_ms": HOP_S * 1000,
              "compression": compression, "mean": mean.tolist(), "var": var.tolist(), "std": np.sqrt(var).tolist()}
     write_json(out / "feature_stats.json", stats)
-    torch.save({"mean": torch.tensor(mean, dtype=torch.float32), "var": torch.tensor(var, dtype=torch.float32),
-                "std": torch.tensor(np.sqrt(var), dtype=torch.float32), "compression": compression},
-               out / "feature_stats.pt")
+    from ..checkpoint import atomic_save
+    atomic_save({"mean": torch.tensor(mean, dtype=torch.float32), "var": torch.tensor(var, dtype=torch.float32),
+                 "std": torch.tensor(np.sqrt(var), dtype=torch.float32), "compression": compression},
+                out / "feature_stats.pt")
 
     text, counts, edges = duration_histogram([e["duration"] for e in entries])
     print(text, end="")

@@ -84,20 +84,16 @@ def pad_pieces(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def save_lm(model: PieceLM, path, **extra) -> None:
-    """Atomic: write PATH.tmp, then rename, so a crash never leaves half an LM."""
-    import os
-    tmp = f"{path}.tmp"
-    torch.save({"model": model.state_dict(), "lm_config": asdict(model.config), **extra}, tmp)
-    os.replace(tmp, path)
+    """Atomic (asr.checkpoint.atomic_save), so a crash never leaves half an LM; ``extra`` must be plain data."""
+    from ..checkpoint import atomic_save
+    atomic_save({"model": model.state_dict(), "lm_config": asdict(model.config), **extra}, path)
 
 
 def load_lm(path) -> tuple[PieceLM, dict]:
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError) as e:
-        raise ValueError(f"{path}: cannot read language model: {e}") from e
-    if not isinstance(ckpt, dict) or "lm_config" not in ckpt or "model" not in ckpt:
-        raise ValueError(f"{path}: not a language model written by asr-lm (no 'lm_config')")
+    """The LM and its saved metadata; an unreadable or foreign file raises asr.checkpoint.CheckpointError (a
+    ValueError) naming it."""
+    from ..checkpoint import load_checkpoint
+    ckpt = load_checkpoint(path, expect_keys=("model", "lm_config"), what="a language model written by asr-lm")
     model = PieceLM(LMConfig(**ckpt["lm_config"]))
     model.load_state_dict(ckpt["model"])
     model.eval()

@@ -1,0 +1,165 @@
+"""Checkpoint files: written atomically, read back with ``torch.load(weights_only=True)``.
+
+``atomic_save`` writes to a temporary file in the destination's folder, flushes it to disk (fsync) and
+renames it over the destination (``os.replace``), so a crash or a full disk leaves the last good file, never
+half of one; concurrent writers of the same path each use their own temporary file.
+
+``load_checkpoint`` unpickles only tensors and plain Python data (dicts, lists, tuples, sets, strings,
+numbers, ``None``), so a checkpoint cannot run code when it is opened. Everything this project saves is such
+data; ``atomic_save`` converts the few harmless values that would not load that way (``pathlib.Path`` ->
+``str``, NumPy scalars -> Python numbers, NumPy arrays -> tensors) and refuses any other object at save time,
+naming where it sits, rather than writing a file that cannot be read back. A missing, empty, truncated or
+foreign file raises :class:`CheckpointError` naming the file and what was expected.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import pickle
+import secrets
+import warnings
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+__all__ = ["CheckpointError", "atomic_save", "load_checkpoint", "to_loadable"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used; the message names the file and what was expected."""
+
+
+_PLAIN = (str, bytes, bytearray, int, float, complex, bool, type(None), torch.Size, torch.device, torch.dtype)
+
+
+def to_loadable(obj, where: str = "checkpoint"):
+    """``obj`` with every value ``torch.load(weights_only=True)`` accepts: tensors and plain data are kept
+    (the same tensor objects, so shared storage stays shared), ``os.PathLike`` -> ``str``, NumPy scalars ->
+    Python numbers, NumPy arrays -> tensors, enum members -> their value, named tuples -> tuples. Anything
+    else raises ``TypeError`` naming its place in ``obj`` (e.g. ``checkpoint['config']['x']``)."""
+    if isinstance(obj, torch.Tensor) or type(obj) in _PLAIN:
+        return obj
+    if isinstance(obj, dict):
+        items = ((to_loadable(k, f"{where} key {k!r}"), to_loadable(v, f"{where}[{k!r}]")) for k, v in obj.items())
+        return OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        vals = [to_loadable(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        if isinstance(obj, (set, frozenset)):
+            return set(vals)
+        return list(vals) if isinstance(obj, list) else tuple(vals)
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, enum.Enum):
+        return to_loadable(obj.value, where)
+    if isinstance(obj, _PLAIN):                    # subclasses of str, int, float (not enums)
+        return next(t for t in (bool, int, float, complex, str, bytes, bytearray) if isinstance(obj, t))(obj)
+    try:
+        import numpy as np
+    except ImportError:                            # pragma: no cover - numpy comes with torch here
+        np = None
+    if np is not None and isinstance(obj, np.generic):
+        return obj.item()
+    if np is not None and isinstance(obj, np.ndarray):
+        try:
+            return torch.from_numpy(np.ascontiguousarray(obj).copy())
+        except TypeError as e:
+            raise TypeError(f"{where}: a NumPy array of dtype {obj.dtype} cannot be stored as a tensor") from e
+    raise TypeError(f"{where}: a {type(obj).__module__}.{type(obj).__qualname__} would not load with "
+                    f"torch.load(weights_only=True); store tensors and plain data (dict, list, str, int, float, "
+                    f"None) only")
+
+
+def atomic_save(obj, path) -> None:
+    """``torch.save(obj, path)`` atomically: a temporary file in the same folder, fsync, then ``os.replace``.
+
+    ``obj`` goes through :func:`to_loadable` first, so what is written can be read by
+    :func:`load_checkpoint`; the folder is created if needed."""
+    path = Path(path)
+    obj = to_loadable(obj)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:                                           # make the rename itself durable (POSIX; best effort)
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def load_checkpoint(path, map_location="cpu", expect_keys=None, what: str = "a checkpoint"):
+    """``torch.load(path, map_location, weights_only=True)``, with a :class:`CheckpointError` naming the file
+    for a missing, empty, truncated or foreign file. With ``expect_keys`` the file must hold a dict with at
+    least those keys. ``what`` says what the caller expected, for the messages (e.g. "a BFA checkpoint
+    written by asr.train")."""
+    p = Path(path)
+    expected = f"expected {what}"
+    if expect_keys:
+        expected += " (a dict with " + ", ".join(repr(k) for k in expect_keys) + ")"
+    if not p.exists():
+        raise CheckpointError(f"{p}: file not found; {expected}")
+    if p.is_dir():
+        raise CheckpointError(f"{p}: is a folder; {expected}")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise CheckpointError(f"{p}: cannot read: {e}; {expected}") from e
+    if not head:
+        raise CheckpointError(f"{p}: empty file (0 bytes; an interrupted write?); {expected}")
+    try:
+        with warnings.catch_warnings():        # a foreign pickle's protocol: the error below says it all
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            obj = torch.load(p, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        msg = str(e)
+        if "weights only" in msg.lower() or "weights_only" in msg:
+            detail = next((ln.strip() for ln in msg.splitlines() if "Unsupported" in ln), "")
+            detail = detail.split(" was not an allowed global")[0].removeprefix("WeightsUnpickler error: ")
+            if head != _ZIP_MAGIC:             # e.g. pickle.dump output: not torch's zip format
+                raise CheckpointError(f"{p}: not a file written by torch.save ({_describe(head)}"
+                                      f"{f', {detail}' if detail else ''}); {expected}") from e
+            raise CheckpointError(
+                f"{p}: holds Python objects other than tensors and plain data, which torch.load(weights_only=True) "
+                f"refuses{f' ({detail})' if detail else ''}; {expected}, saved by asr.checkpoint.atomic_save"
+            ) from e
+        raise CheckpointError(f"{p}: not a torch file ({_describe(head)}); {expected}") from e
+    except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, EOFError, ValueError, ... for bad files
+        if head == _ZIP_MAGIC:
+            why = f"truncated or damaged torch file ({_first_sentence(e)})"
+        elif head[:1] == b"\x80":
+            why = f"truncated or damaged pickle ({type(e).__name__}: {_first_sentence(e)})"
+        else:
+            why = f"not a torch file ({_describe(head)})"
+        raise CheckpointError(f"{p}: {why}; {expected}") from e
+    if expect_keys:
+        if not isinstance(obj, dict):
+            raise CheckpointError(f"{p}: holds a {type(obj).__name__}; {expected}")
+        missing = [k for k in expect_keys if k not in obj]
+        if missing:
+            raise CheckpointError(f"{p}: no {', '.join(repr(k) for k in missing)} in it; {expected}")
+    return obj
+
+
+def _describe(head: bytes) -> str:
+    return f"starts with {head!r}"
+
+
+def _first_sentence(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0].split(". ")[0].rstrip(".")
