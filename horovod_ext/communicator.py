@@ -6,6 +6,7 @@ handles; compressors yield them to the optimizer's scheduler, which waits for th
 """
 from __future__ import annotations
 
+import io
 import time
 
 import torch
@@ -42,6 +43,13 @@ class Communicator:
         return hvd.allreduce_async_(tensor, name=name, op=op, prescale_factor=prescale_factor,
                                     postscale_factor=postscale_factor, process_set=self.process_set)
 
+    def grouped_allreduce_(self, tensors: list, name: str, op, prescale_factor: float = 1.0,
+                           postscale_factor: float = 1.0):
+        for t in tensors:
+            self._count(t, "allreduce")
+        return hvd.grouped_allreduce_async_(list(tensors), name=name, op=op, prescale_factor=prescale_factor,
+                                            postscale_factor=postscale_factor, process_set=self.process_set)
+
     def allgather(self, tensor: torch.Tensor, name: str):
         self._count(tensor, "allgather")
         return hvd.allgather_async(tensor, name=name, process_set=self.process_set)
@@ -69,3 +77,20 @@ class Communicator:
             time.sleep(delay)
             delay = min(2 * delay, 2e-3)
         return hvd.synchronize(handle)
+
+
+def allgather_object(obj, name: str, process_set=hvd.global_process_set) -> list:
+    """``hvd.allgather_object`` on any process set (Horovod 0.28.1's takes only the global one).
+    Blocking; for small objects (settings, codec state at checkpoint time)."""
+    import cloudpickle
+    buf = io.BytesIO()
+    cloudpickle.dump(obj, buf)
+    data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    sizes = hvd.allgather(torch.tensor([data.numel()], dtype=torch.int64), name=f"{name}.sz",
+                          process_set=process_set).tolist()
+    gathered = hvd.allgather(data, name=f"{name}.t", process_set=process_set).numpy().tobytes()
+    out, start = [], 0
+    for n in sizes:
+        out.append(cloudpickle.loads(gathered[start:start + n]))
+        start += n
+    return out

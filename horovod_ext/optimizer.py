@@ -1,61 +1,106 @@
 """``hx.DistributedOptimizer``: ``hvd.DistributedOptimizer`` with compressed and pipelined allreduce.
 
-Like Horovod's optimizer it wraps the user's optimizer class (a dynamic subclass) and starts each
-gradient's reduction from a hook as soon as backward has accumulated it. Unlike it:
+It takes every argument of Horovod's optimizer with Horovod's meaning (``sparse_as_dense``,
+``gradient_predivide_factor``, ``groups``/``num_groups``, Horovod's compression objects) and with
+``compression=none`` issues the same collectives with the same results, so an existing Horovod
+script switches by one line. Like Horovod's it wraps the user's optimizer class (a dynamic
+subclass) and starts each gradient's reduction from a hook as soon as backward has accumulated it.
+On top of it:
 
 * a reduction may take several collectives (a codec is a generator of Horovod handles, see
   :mod:`horovod_ext.compression.base`), advanced by a background driver thread as they finish, so
   compress, communicate and decompress of early gradients proceed while backward computes the rest;
-* codecs keep state per parameter name (error-feedback residuals), which survives ``zero_grad``;
+* codecs keep state per parameter name (error-feedback residuals), which survives ``zero_grad``
+  and is part of ``state_dict()`` (see :mod:`horovod_ext.state`);
 * ``pipeline=True`` is Pipe-SGD with pipeline width 2: the reduction of step t's gradients runs
   while step t+1 computes, and step t+1 applies them (one step stale). Step 0 is synchronous, so
   step 1 has nothing left to apply and leaves the parameters as they are; from step 2 on, step t
   applies the gradients of step t-1. ``flush()`` applies what is in flight (call it at epoch end,
-  before checkpoints and evaluation), so every gradient is applied exactly once;
+  before evaluation), so every gradient is applied exactly once;
 * ``warmup_steps=K``: the first K steps reduce plain fp32 and synchronously (no codec, no pipeline),
-  as PowerSGD's ``start_powerSGD_iter`` and DGC's warm-up do: the first steps of training change the
-  parameters fastest, and there compression noise and staleness cost the most;
+  as PowerSGD's ``start_powerSGD_iter`` and DGC's warm-up do;
+* one non-finite policy on every path (``nonfinite``): the reduced gradient is the same on every
+  worker, so every worker sees the same NaN/Inf and every worker raises or every worker skips.
+  NaN/Inf reach ``p.grad``, so an fp16 ``GradScaler`` sees them and backs off;
+* the first reduction checks that every worker has the same parameters (names, shapes, dtypes)
+  and settings, and fails with a message naming the difference instead of hanging;
 * ``comm_stats()`` reports what was handed to Horovod and how long the training thread waited.
+
+Step bookkeeping (pipeline slots, warm-up, statistics) counts ``synchronize()`` calls, not
+``step()`` calls: a step skipped by a ``GradScaler`` still ends a round, so no Horovod op name of a
+gradient still in flight is reused.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from contextlib import contextmanager
 
 import torch
 import horovod.torch as hvd
 
+from . import state as codec_state_io
 from .adaptive import Adaptive
-from .communicator import Communicator
+from .communicator import Communicator, allgather_object
 from .compression import Compression, Compressor, NonFiniteGradientError, ReduceContext
+from .compression.horovod_compat import GroupedAllreduce, SparseAllgather, as_codec
 from .reduction import Driver, Reduction, complete
 from .stats import CommStats
 
+NONFINITE_POLICIES = ("raise", "skip")
+
+
+class _Done:
+    """A finished reduction restored from a checkpoint (a pipelined gradient that was in flight)."""
+    __slots__ = ("ctx", "result", "done", "error", "finite")
+
+    def __init__(self, ctx: ReduceContext, result: torch.Tensor):
+        self.ctx, self.result, self.done, self.error = ctx, result, True, None
+        self.finite = torch.isfinite(result).all() if result.dtype.is_floating_point else torch.tensor(True)
+
+
+class _Member:
+    """One gradient's share of a grouped reduction."""
+    __slots__ = ("red", "index")
+
+    def __init__(self, red: Reduction, index: int):
+        self.red, self.index = red, index
+
+    @property
+    def result(self):
+        return self.red.result[self.index]
+
 
 class _DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, named_parameters, compression: Compressor, backward_passes_per_step: int = 1,
-                 op=hvd.Average, process_set=hvd.global_process_set, pipeline: bool = False,
-                 overlap: bool = True, adaptive=True, warmup_steps: int = 0):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=hvd.Average,
+                 gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
+                 process_set=hvd.global_process_set, pipeline=False, overlap=True, adaptive=True, warmup_steps=0,
+                 nonfinite=None):
         super(self.__class__, self).__init__(params)
-        if not isinstance(compression, Compressor):
-            raise TypeError(f"compression must be an hx.Compression codec (e.g. hx.Compression.fp16), "
-                            f"got {compression!r}")
+        codec = as_codec(compression)
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        self._compression = compression
+        nonfinite = nonfinite if nonfinite is not None else getattr(codec, "nonfinite", "raise")
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+        self._compression = codec
         if isinstance(adaptive, Adaptive):
             self.adaptive = adaptive
         else:
-            self.adaptive = Adaptive(enabled=bool(adaptive) and compression is not Compression.none)
+            self.adaptive = Adaptive(enabled=bool(adaptive) and codec is not Compression.none)
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
         self.pipeline = bool(pipeline)
         self.warmup_steps = int(warmup_steps)
+        self.nonfinite = nonfinite
         self._names = self._check_names(named_parameters)
-        compression.validate(process_set.size(), op)
+        codec.validate(process_set.size(), op)
 
         self._step_stats = CommStats()
         self._total_stats = CommStats()
@@ -65,17 +110,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._driver = Driver() if (overlap or pipeline) else None
         self._codec_state: dict[str, dict] = {name: {} for name in self._names.values()}
         self._group_of = {p: g for g in self.param_groups for p in g["params"]}
-        self._pending: dict[torch.Tensor, Reduction] = {}     # started during the current backward
-        self._inflight: dict[torch.Tensor, Reduction] = {}    # pipeline: last step's, applied next step
-        self._steps_taken = 0
-        self._ready_count = 0          # reductions written into p.grad by the last synchronize()
+        self._pending: dict = {}          # started during the current backward: param -> reduction
+        self._inflight: dict = {}         # pipeline: last round's, applied next round
+        self._steps_taken = 0             # rounds: synchronize() calls that consumed a backward
+        self._ready: dict = {}            # written into p.grad by the last synchronize(), not yet applied
         self._ready_nonfinite: list[str] = []
         self._delay = {p: backward_passes_per_step for p in self._names}
         self._requires_update = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         self._synchronized = False
         self._should_synchronize = True
+        self._checked_world = None        # the worker count the cross-rank check last ran at
+        self._notes: set[str] = set()
         self._hooks = []
+        self._p_to_group: dict = {}
+        self._group_ready: dict = {}
         if process_set.included():
+            if groups is not None:
+                self._form_groups(groups)
             for p in self._requires_update:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
 
@@ -101,15 +152,89 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              f"named in it; pass model.named_parameters() of the model being optimized")
         return {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0]) if id(v) in all_ids}
 
+    def _form_groups(self, groups) -> None:
+        """Horovod's grouping: an int splits the parameters (in rank 0's order) into that many groups;
+        a list of lists names the groups, and every other parameter forms a group of its own."""
+        if not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+            raise ValueError("groups should be a positive integer or a list of lists of torch.Tensor")
+        p_list = list(self._requires_update)
+        order = hvd.broadcast_object([self._names[p] for p in p_list], root_rank=0, process_set=self.process_set,
+                                     name="hx.groups.order")
+        p_list.sort(key=lambda p: order.index(self._names[p]))
+        if isinstance(groups, list):
+            seen = set()
+            for g in groups:
+                for p in g:
+                    if not isinstance(p, torch.Tensor):
+                        raise ValueError("groups must consist of torch.Tensor")
+                    if id(p) in seen:
+                        raise ValueError("a parameter can only appear once in groups")
+                    seen.add(id(p))
+            ids = {id(p) for p in p_list}
+            formed = [[p for p in g if id(p) in ids] for g in groups]
+            formed += [[p] for p in p_list if id(p) not in seen]
+        else:
+            k, m = divmod(len(p_list), groups)
+            formed = [p_list[i * k + min(i, m):(i + 1) * k + min(i + 1, m)] for i in range(groups)]
+        for g in formed:
+            g = tuple(g)
+            if not g:
+                continue
+            for p in g:
+                self._p_to_group[p] = g
+            self._group_ready[g] = 0
+
     def _make_hook(self, p):
         def hook(param):
             if p in self._pending:
                 raise AssertionError("gradients were computed more than backward_passes_per_step times before "
                                      "step(); increase backward_passes_per_step to accumulate gradients locally")
             self._delay[p] -= 1
-            if self._delay[p] == 0:
-                self._start(p)
+            if self._delay[p] > 0:
+                return
+            group = self._p_to_group.get(p)
+            if group is None:
+                self._start([p])
+                return
+            self._group_ready[group] += 1
+            if self._group_ready[group] == len(group):
+                self._group_ready[group] = 0
+                self._start(list(group))
         return hook
+
+    def _note_once(self, key: str, message: str) -> None:
+        if key not in self._notes:
+            self._notes.add(key)
+            if self.process_set.rank() == 0:
+                warnings.warn(f"horovod_ext: {message}", stacklevel=3)
+
+    # ------------------------------------------------------------------ cross-rank check
+    def _describe(self) -> dict:
+        return {"parameters": sorted((self._names[p], list(p.shape), str(p.dtype)) for p in self._requires_update),
+                "compression": self._compression.label, "op": str(self.op), "pipeline": self.pipeline,
+                "backward_passes_per_step": self.backward_passes_per_step, "warmup_steps": self.warmup_steps,
+                "gradient_predivide_factor": self.gradient_predivide_factor, "sparse_as_dense": self.sparse_as_dense,
+                "nonfinite": self.nonfinite,
+                "groups": sorted(sorted(self._names[p] for p in g) for g in self._group_ready)}
+
+    def _check_ranks(self) -> None:
+        """Once per worker count, before the first reduction: every worker must reduce the same
+        tensors with the same settings, or Horovod would wait forever for ops that never come."""
+        size = self.process_set.size()
+        if self._checked_world == size:
+            return
+        self._checked_world = size
+        if size == 1:
+            return
+        desc = self._describe()
+        digest = int.from_bytes(hashlib.sha256(json.dumps(desc).encode()).digest()[:7], "big")
+        mine = torch.tensor([digest], dtype=torch.int64)
+        digests = hvd.allgather(mine, name="hx.check.digest", process_set=self.process_set)
+        if bool((digests == digests[0]).all()):
+            return
+        descs = allgather_object(desc, "hx.check.describe", self.process_set)
+        raise ValueError("hx.DistributedOptimizer: the workers disagree; every worker must build the same model "
+                         "and optimizer settings. " + _first_difference(descs))
 
     # ------------------------------------------------------------------ reduction
     @property
@@ -121,66 +246,128 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _pipelining(self) -> bool:
         return self.pipeline and not self.warming_up
 
-    def _start(self, p) -> None:
+    def _context(self, name: str, p, slot) -> ReduceContext:
+        pre, post = 1.0, 1.0
+        if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
+            pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return ReduceContext(name=name, state=self._codec_state[name], comm=self._comm, op=self.op, param=p,
+                             slot=slot, prescale_factor=pre, postscale_factor=post)
+
+    def _gradient(self, p) -> torch.Tensor:
+        """The tensor to reduce: ``p.grad`` (zeros when this worker computed none, as Horovod does:
+        another worker may have), densified with ``sparse_as_dense``, snapshotted when pipelined."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        name = self._names[p]
-        slot = self._steps_taken % 2 if self._pipelining else None
-        # Pipelined, the user zeroes p.grad and runs the next backward while this reduction is in
-        # flight: reduce a snapshot.
-        grad = p.grad.detach().clone() if self._pipelining else p.grad
-        state = self._codec_state[name]
-        codec = self._compression
+        grad = p.grad.detach()
+        if grad.is_sparse and self.sparse_as_dense:
+            grad = grad.to_dense()
+        elif self._pipelining:
+            # The user zeroes p.grad and runs the next backward while this reduction is in flight.
+            grad = grad.clone()
+        return grad
+
+    def _codec_for(self, p, grad: torch.Tensor, state: dict) -> tuple[Compressor, torch.Tensor]:
+        if grad.is_sparse:
+            if self._compression is not Compression.none:
+                self._note_once("sparse", f"sparse gradients (e.g. {self._names[p]!r}) go uncompressed as Horovod "
+                                f"sends them (allgather of values and indices); pass sparse_as_dense=True to "
+                                f"compress them")
+            return SparseAllgather(), grad
         if self.warming_up:
-            codec = Compression.none
-        elif not self.adaptive.uses_codec(grad.numel()):
-            codec = Compression.none
+            return Compression.none, grad
+        if not self.adaptive.uses_codec(grad.numel()):
             if "residual" in state:      # compression was switched off: send what error feedback held back
                 grad = grad + state.pop("residual").view_as(grad).to(grad.dtype)
-        else:
-            self._step_stats.compressed_elements += grad.numel()
-        ctx = ReduceContext(name=name, state=state, comm=self._comm, op=self.op, param=p, slot=slot)
-        self._step_stats.gradient_elements += grad.numel()
-        red = Reduction(codec, grad, ctx)
-        self._pending[p] = red
-        self._delay[p] = self.backward_passes_per_step
-        if self._driver is not None:
-            self._driver.submit(red)
+            return Compression.none, grad
+        self._step_stats.compressed_elements += grad.numel()
+        return self._compression, grad
 
-    def _wait(self, reductions: dict) -> None:
+    def _start(self, params: list) -> None:
+        self._check_ranks()
+        slot = self._steps_taken % 2 if self._pipelining else None
+        plain = []
+        for p in params:
+            name = self._names[p]
+            grad = self._gradient(p)
+            codec, grad = self._codec_for(p, grad, self._codec_state[name])
+            self._step_stats.gradient_elements += grad.numel()
+            self._delay[p] = self.backward_passes_per_step
+            if len(params) > 1 and codec is Compression.none:
+                plain.append((p, grad))
+                continue
+            red = Reduction(codec, grad, self._context(name, p, slot))
+            self._pending[p] = red
+            if self._driver is not None:
+                self._driver.submit(red)
+        if plain:
+            # Horovod's grouped allreduce: one op for the group's plain gradients.
+            ps, grads = zip(*plain)
+            red = Reduction(GroupedAllreduce(), list(grads), self._context(self._names[ps[0]], ps[0], slot))
+            for i, p in enumerate(ps):
+                self._pending[p] = _Member(red, i)
+            if self._driver is not None:
+                self._driver.submit(red)
+        elif len(params) > 1:
+            self._note_once("groups", f"groups= orders the reductions of {self._compression.label!r}, which "
+                            f"reduces each tensor itself; only plain allreduces are grouped into one Horovod op")
+
+    @staticmethod
+    def _reductions(entries: dict) -> list:
+        """The distinct reductions behind ``entries`` (a grouped reduction serves several params)."""
+        seen, out = set(), []
+        for e in entries.values():
+            red = e.red if isinstance(e, _Member) else e
+            if id(red) not in seen:
+                seen.add(id(red))
+                out.append(red)
+        return out
+
+    def _wait(self, entries: dict) -> None:
+        reds = [r for r in self._reductions(entries) if not isinstance(r, _Done)]
         with self._step_stats.timing("wait_s"):
             if self._driver is not None:
-                self._driver.wait(reductions.values())
+                self._driver.wait(reds)
             else:
-                complete(reductions.values())
+                complete(reds)
 
     def _start_missing(self) -> None:
         for p in self._requires_update:
             if p not in self._pending:
-                self._start(p)
+                self._start([p])
 
-    def _write_grads(self, reductions: dict) -> list[str]:
-        """Copy reduced gradients into ``p.grad``; return the names a codec found non-finite."""
-        nonfinite = []
-        for p, red in reductions.items():
-            if red.ctx.nonfinite:
-                nonfinite.append(red.ctx.name)
-            out = red.result
+    def _nonfinite_names(self, entries: dict) -> list[str]:
+        """Names of reduced gradients holding NaN/Inf: one host sync for the whole step."""
+        reds = self._reductions(entries)
+        if not reds:
+            return []
+        flags = [r.finite for r in reds]
+        if bool(torch.stack([f.to(flags[0].device) for f in flags]).all()):
+            return []
+        return [r.ctx.name for r in reds if not bool(r.finite)]
+
+    def _write_grads(self, entries: dict) -> None:
+        """Copy reduced gradients into ``p.grad`` (sparse ones as Horovod does)."""
+        for p, e in entries.items():
+            out = e.result
             if p.grad is None:
                 p.grad = out.clone()
+            elif p.grad.is_sparse:
+                p.grad.zero_().add_(out if out.is_sparse else out.to_sparse())
             elif out is not p.grad:
-                p.grad.copy_(out)
-        return nonfinite
+                p.grad.copy_(out.view_as(p.grad))
 
     def synchronize(self) -> None:
         """Wait for the gradient reductions and write the averaged gradients into ``p.grad``.
 
         Not pipelined: this step's gradients. Pipelined: the previous step's (this step's stay in
-        flight); on the first step, this step's."""
+        flight); on the first step, this step's. NaN/Inf in a reduced gradient reach ``p.grad``
+        (so a GradScaler sees them); ``step()`` then applies the ``nonfinite`` policy."""
         if not self.process_set.included():
             self._synchronized = True
             return
         self._start_missing()
+        for g in self._group_ready:      # a group some of whose members computed no gradient this round
+            self._group_ready[g] = 0
         # The first pipelined step (step 0, or the first after the warm-up) keeps its gradients in
         # flight and applies nothing: every gradient is applied exactly once, one step late.
         if self._pipelining and self._steps_taken > 0:
@@ -188,9 +375,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             ready, self._pending = self._pending, {}
         self._wait(ready)
-        self._ready_nonfinite = self._write_grads(ready)
-        self._ready_count = len(ready)
+        self._write_grads(ready)
+        self._ready_nonfinite = self._nonfinite_names(ready)
+        self._ready = ready
         self._synchronized = True
+        self._end_round()
 
     @contextmanager
     def skip_synchronize(self):
@@ -208,38 +397,37 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize(); the gradients are reduced twice")
             self.synchronize()
         self._synchronized = False
-        try:
-            if not self.process_set.included():
-                return super(self.__class__, self).step(closure)
-            if self._ready_count == 0:
-                return None          # pipelined step 1: step 0's gradients were applied synchronously
-            return self._apply(closure)
-        finally:
-            self._steps_taken += 1
-            self._end_step_stats()
-            if (self.adaptive.enabled and not self.adaptive.decided
-                    and self._steps_taken >= self.warmup_steps + self.adaptive.measure_steps):
-                self._decide_adaptive()
+        if not self.process_set.included():
+            return super(self.__class__, self).step(closure)
+        ready, self._ready = self._ready, {}
+        if not ready:
+            return None          # pipelined step 1: step 0's gradients were applied synchronously
+        return self._apply(ready, closure)
 
-    def _apply(self, closure=None):
+    def _apply(self, ready: dict, closure=None):
         names, self._ready_nonfinite = self._ready_nonfinite, []
         if names:
-            self._step_stats.skipped_steps += 1
-            for p in self._requires_update:
-                if p.grad is not None:
-                    p.grad.zero_()
-            if getattr(self._compression, "nonfinite", "raise") == "raise":
+            self._total_stats.skipped_steps += 1
+            self._last_stats.skipped_steps += 1
+            if self.nonfinite == "raise":
                 raise NonFiniteGradientError(
                     f"non-finite gradient (NaN or Inf) on at least one worker in {len(names)} tensor(s), "
                     f"e.g. {names[:3]}; no worker applied this step. Lower the learning rate, clip "
-                    f"gradients, or use Compression.global_qsgd(nonfinite='skip') to skip such steps")
+                    f"gradients, or pass nonfinite='skip' to hx.DistributedOptimizer to skip such steps")
             return None
-        for p in self._requires_update:
+        for p in ready:
             self._compression.before_step(p, self._codec_state[self._names[p]], self._group_of[p])
         loss = super(self.__class__, self).step(closure)
-        for p in self._requires_update:
+        for p in ready:
             self._compression.after_step(p, self._codec_state[self._names[p]], self._group_of[p])
         return loss
+
+    def _end_round(self) -> None:
+        self._steps_taken += 1
+        self._end_step_stats()
+        if (self.adaptive.enabled and not self.adaptive.decided
+                and self._steps_taken >= self.warmup_steps + self.adaptive.measure_steps):
+            self._decide_adaptive()
 
     def _decide_adaptive(self) -> None:
         """Agree on the codec's cost per element (the slowest worker's) and apply the cost rule."""
@@ -252,18 +440,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def flush(self):
         """Pipelined: wait for the gradients still in flight and apply them (a no-op otherwise).
 
-        Call at epoch end, before saving a checkpoint or evaluating, so no gradient is lost. The
-        gradients of the current backward (if step() was not called yet) are left alone."""
+        Call at epoch end, before evaluating, so no gradient is lost. The gradients of the current
+        backward (if step() was not called yet) are left alone."""
         if not self.pipeline or not self._inflight:
             return None
         ready, self._inflight = self._inflight, {}
         saved = {p: p.grad for p in self._requires_update}
         for p in ready:
             p.grad = torch.zeros_like(p)
-        self._wait(ready)
-        self._ready_nonfinite = self._write_grads(ready)
         try:
-            return self._apply()
+            self._wait(ready)
+            self._write_grads(ready)
+            self._ready_nonfinite = self._nonfinite_names(ready)
+            return self._apply(ready)
         finally:
             for p, g in saved.items():
                 p.grad = g
@@ -285,44 +474,175 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "whose reduction is in flight")
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
-    def load_state_dict(self, *args, **kwargs):
-        if self._pending or self._inflight:
-            self._wait({**self._pending, **self._inflight})
+    # ------------------------------------------------------------------ state
+    def _hx_state(self) -> dict:
+        """This worker's share of the state (see :mod:`horovod_ext.state`). Pipelined gradients still
+        in flight are waited for and carried as reduced results, so a resume applies them next step."""
+        inflight = {}
+        if self._inflight:
+            self._wait(self._inflight)
+            inflight = {self._names[p]: e.result.detach().clone() for p, e in self._inflight.items()}
+        return {"format": codec_state_io.FORMAT, "rank": self.process_set.rank(), "world_size": self.process_set.size(),
+                "compression": self._compression.label, "steps": self._steps_taken,
+                "adaptive": {"decided": self.adaptive.decided, "compress": self.adaptive.compress},
+                "codec": codec_state_io.save_codec_states(self._codec_state), "inflight": inflight}
+
+    def state_dict(self):
+        """The wrapped optimizer's state plus this worker's codec state under ``"horovod_ext"``
+        (no collective: safe on rank 0 alone and inside ``hvd.elastic.TorchState``). For a
+        checkpoint that holds every worker's codec state, use :meth:`gather_state_dict`."""
+        sd = super(self.__class__, self).state_dict()
+        sd["horovod_ext"] = self._hx_state()
+        return sd
+
+    def gather_state_dict(self, root_rank: int = 0):
+        """Collective: the state dict with every worker's codec state (a list by rank) on
+        ``root_rank``; ``None`` elsewhere. Loading it resumes bit-exactly at the same worker count
+        and by the documented rule at another (:mod:`horovod_ext.state`)."""
+        sd = self.state_dict()
+        local = sd.pop("horovod_ext")
+        everyone = allgather_object(local, "hx.gather_state", self.process_set)
+        if self.process_set.rank() != root_rank:
+            return None
+        sd["horovod_ext"] = {"format": codec_state_io.FORMAT, "world_size": self.process_set.size(),
+                             "ranks": everyone}
+        return sd
+
+    def load_state_dict(self, state_dict):
+        """Load the wrapped optimizer's state and, if present, the codec state: this worker's own
+        share of a gathered state dict, a single worker's state, or resharded from another worker
+        count. Reductions in flight are abandoned (they belong to the state being replaced)."""
+        state_dict = dict(state_dict)
+        hx_state = state_dict.pop("horovod_ext", None)
         self._pending.clear()
         self._inflight.clear()
+        self._ready.clear()
+        self._ready_nonfinite = []
         self._synchronized = False
         self._should_synchronize = True
+        self._checked_world = None
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
-        return super(self.__class__, self).load_state_dict(*args, **kwargs)
+        for g in self._group_ready:
+            self._group_ready[g] = 0
+        super(self.__class__, self).load_state_dict(state_dict)
+        if hx_state is not None:
+            self._load_hx_state(hx_state)
 
-    # ------------------------------------------------------------------ reporting / state
+    def _load_hx_state(self, hx_state: dict) -> None:
+        rank, size = self.process_set.rank(), self.process_set.size()
+        if hx_state.get("format") != codec_state_io.FORMAT:
+            raise ValueError(f"horovod_ext state has format {hx_state.get('format')!r}; this version reads "
+                             f"{codec_state_io.FORMAT}")
+        if "ranks" in hx_state:
+            per_rank = hx_state["ranks"]
+            mine = per_rank[rank] if hx_state["world_size"] == size else None
+        else:
+            per_rank = [hx_state]
+            mine = hx_state if hx_state["world_size"] == size else None
+        devices = {name: p.device for p, name in self._names.items()}
+        if mine is not None:
+            saved = mine["codec"]
+        else:
+            saved = codec_state_io.reshard([r["codec"] for r in per_rank], hx_state["world_size"], size)
+        self._codec_state = codec_state_io.load_codec_states(saved, devices)
+        ref = mine if mine is not None else per_rank[0]
+        self._steps_taken = int(ref["steps"])
+        self.adaptive.decided = bool(ref["adaptive"]["decided"])
+        self.adaptive.compress = bool(ref["adaptive"]["compress"])
+        if ref.get("inflight") and mine is not None:
+            by_name = {name: p for p, name in self._names.items()}
+            for name, result in ref["inflight"].items():
+                p = by_name[name]
+                self._inflight[p] = _Done(self._context(name, p, None), result.to(p.device))
+
+    # ------------------------------------------------------------------ reporting
     def comm_stats(self) -> dict:
         """Communication cost: ``last`` step and ``total`` over all steps (see :class:`CommStats`)."""
         return {"compression": self._compression.label, "workers": self.process_set.size(),
-                "pipeline": self.pipeline, "adaptive": self.adaptive.as_dict(), "last": self._last_stats.as_dict(),
-                "total": self._total_stats.as_dict()}
+                "pipeline": self.pipeline, "nonfinite": self.nonfinite, "adaptive": self.adaptive.as_dict(),
+                "last": self._last_stats.as_dict(), "total": self._total_stats.as_dict()}
 
     def codec_state(self, name: str) -> dict:
         """The codec's persistent state for one parameter name (e.g. its error-feedback residual)."""
         return self._codec_state[name]
 
 
-def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
-                         compression: Compressor = Compression.none, backward_passes_per_step: int = 1,
-                         op=hvd.Average, process_set=hvd.global_process_set, pipeline: bool = False,
-                         overlap: bool = True, adaptive=True, warmup_steps: int = 0):
-    """Wrap ``optimizer`` so that gradients are averaged across Horovod workers, compressed by
-    ``compression``. A superset of ``hvd.DistributedOptimizer``: with ``Compression.none`` (and
-    ``pipeline=False``) it issues the same allreduces and produces bit-identical results.
+def _first_difference(descs: list[dict]) -> str:
+    ref = descs[0]
+    for rank, d in enumerate(descs[1:], start=1):
+        for key in ref:
+            if d.get(key) == ref[key]:
+                continue
+            if key == "parameters":
+                a = {n: (s, t) for n, s, t in ref[key]}
+                b = {n: (s, t) for n, s, t in d[key]}
+                only0, only_r = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+                if only0 or only_r:
+                    return (f"Parameter names differ: only on rank 0: {only0[:5]}, only on rank {rank}: {only_r[:5]}")
+                diff = [n for n in a if a[n] != b[n]]
+                n = diff[0]
+                return (f"Parameter {n!r} has shape/dtype {a[n][0]} {a[n][1]} on rank 0 but {b[n][0]} {b[n][1]} "
+                        f"on rank {rank} ({len(diff)} parameter(s) differ)")
+            return f"Setting {key!r} is {ref[key]!r} on rank 0 but {d.get(key)!r} on rank {rank}"
+    return "The workers' descriptions differ"
 
-    ``pipeline=True``: Pipe-SGD, updates one step stale (see the module docstring); call
-    ``flush()`` before checkpoints and evaluation. ``overlap`` (default on) advances multi-phase
-    codecs from a background thread while backward runs. ``adaptive`` (default on; or an
-    :class:`horovod_ext.adaptive.Adaptive` with ``min_numel`` / ``link_gbps``) sends a tensor
-    uncompressed when compression would not pay. ``warmup_steps``: that many first steps go plain
-    fp32 and synchronous before compression and pipelining start.
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
+                         compression=Compression.none, backward_passes_per_step: int = 1, op=hvd.Average,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
+                         sparse_as_dense: bool = False, process_set=hvd.global_process_set, *,
+                         pipeline: bool = False, overlap: bool = True, adaptive=True, warmup_steps: int = 0,
+                         nonfinite: str | None = None):
+    """Wrap ``optimizer`` so that gradients are averaged across Horovod workers, compressed by
+    ``compression``: ``hvd.DistributedOptimizer`` with the same arguments and results, plus:
+
+    * ``compression``: an ``hx.Compression`` codec, or a Horovod compressor (``hvd.Compression.none``
+      and ``.fp16`` mean ours; any other runs as Horovod runs it);
+    * ``pipeline=False``: Pipe-SGD, updates one step stale (see the module docstring); call
+      ``flush()`` before evaluation;
+    * ``overlap=True``: advance multi-phase codecs from a background thread while backward runs;
+    * ``adaptive=True`` (or an :class:`horovod_ext.adaptive.Adaptive`): send a tensor uncompressed
+      when compression would not pay;
+    * ``warmup_steps=0``: that many first steps go plain fp32 and synchronous;
+    * ``nonfinite=None``: ``"raise"`` (every worker raises :class:`NonFiniteGradientError`) or
+      ``"skip"`` (every worker skips the step, counted in ``comm_stats()``) when a reduced gradient
+      holds NaN/Inf; ``None`` takes the codec's setting (``"raise"`` unless it says otherwise).
+
+    Horovod's arguments keep Horovod's meaning: ``gradient_predivide_factor`` splits the average
+    before and after the sum (op Average only); ``groups`` (an int or a list of lists of
+    parameters; ``num_groups`` is its deprecated alias) sends each group's plain allreduces as one
+    grouped op; sparse gradients are allgathered (values and indices) unless ``sparse_as_dense``.
+    A gradient a codec cannot take (sparse, non-float) goes as Horovod would send it, with a note.
+    ``op=hvd.Adasum`` returns Horovod's own Adasum optimizer (it reduces parameter deltas, not
+    gradients) when no hx feature is asked for, and raises otherwise.
     """
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    codec = as_codec(compression)
+    if op == hvd.Adasum and hvd.size() > 1:
+        if codec not in (Compression.none, Compression.fp16) or pipeline or warmup_steps or nonfinite:
+            raise ValueError("op=hvd.Adasum reduces parameter deltas (Horovod's Adasum optimizer), not gradients: "
+                             "it cannot be combined with hx codecs, pipeline, warmup_steps or nonfinite. Use "
+                             "compression=hx.Compression.none (or fp16) with none of those, or op=hvd.Average")
+        hvd_compression = hvd.Compression.fp16 if codec is Compression.fp16 else hvd.Compression.none
+        return hvd.DistributedOptimizer(optimizer, named_parameters, compression=hvd_compression,
+                                        backward_passes_per_step=backward_passes_per_step, op=op,
+                                        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+                                        sparse_as_dense=sparse_as_dense, process_set=process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               process_set, pipeline, overlap, adaptive, warmup_steps)
+    # hvd.broadcast_optimizer_state recognises Horovod's wrapper by its module and then initialises
+    # empty optimizer state with the wrapped optimizer's own step(), not with an allreducing one (which
+    # would hang when only some ranks have empty state, as after rank 0 alone loaded a checkpoint).
+    # This wrapper must be treated the same way, so it carries that module name.
+    cls.__module__ = hvd.DistributedOptimizer.__module__
+    return cls(optimizer.param_groups, named_parameters, codec, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense, process_set, pipeline, overlap, adaptive,
+               warmup_steps, nonfinite)

@@ -14,19 +14,26 @@ from .compression import Compression, Compressor, NonFiniteGradientError, Reduce
 
 
 class Reduction:
-    """One tensor's reduction in flight: the codec's generator and the Horovod handle it waits on."""
-    __slots__ = ("ctx", "gen", "handle", "result", "done", "error")
+    """One reduction in flight (a tensor, or a group of tensors for a grouped allreduce): the codec's
+    generator and the Horovod handle it waits on.
 
-    def __init__(self, codec: Compressor, tensor: torch.Tensor, ctx: ReduceContext):
+    When it ends, ``finite`` holds a 0-dim bool tensor on the result's device (no host sync): whether
+    the reduced result is free of NaN/Inf. The result is identical on every worker, so every worker
+    reaches the same verdict without another collective."""
+    __slots__ = ("ctx", "gen", "handle", "result", "done", "error", "finite")
+
+    def __init__(self, codec: Compressor, tensor, ctx: ReduceContext):
         self.ctx, self.gen, self.handle, self.result, self.done = ctx, codec.reduce(tensor, ctx), None, None, False
-        self.error = None
+        self.error = self.finite = None
         self._advance(first=True)
 
     def _advance(self, value=None, first: bool = False) -> None:
         try:
             self.handle = next(self.gen) if first else self.gen.send(value)
         except StopIteration as stop:
-            self.result, self.done, self.handle = stop.value, True, None
+            self.result, self.handle = stop.value, None
+            self.finite = all_finite(self.result)
+            self.done = True
 
     def step(self) -> None:
         """Wait for the current collective and run the codec up to its next one (or its end)."""
@@ -79,6 +86,17 @@ class Driver:
                 raise r.error
 
 
+def all_finite(result) -> torch.Tensor:
+    """0-dim bool tensor: no NaN/Inf in ``result`` (a tensor, a sparse tensor or a list of them)."""
+    if isinstance(result, (list, tuple)):
+        flags = [all_finite(r) for r in result]
+        return torch.stack([f.to(flags[0].device) for f in flags]).all() if flags else torch.tensor(True)
+    values = result._values() if result.is_sparse else result
+    if not values.dtype.is_floating_point:
+        return torch.ones((), dtype=torch.bool, device=values.device)
+    return torch.isfinite(values).all()
+
+
 def complete(reductions) -> None:
     """Run reductions to completion one phase of all of them at a time, so that the second-phase
     collectives of every tensor are in flight together."""
@@ -105,6 +123,6 @@ def allreduce(tensor: torch.Tensor, name: str, compression: Compressor = Compres
     ctx = ReduceContext(name=name, state=state if state is not None else {}, comm=comm, op=op)
     red = Reduction(compression, tensor, ctx)
     complete([red])
-    if ctx.nonfinite:
+    if ctx.nonfinite or not bool(red.finite):
         raise NonFiniteGradientError(f"non-finite value (NaN or Inf) in {name!r} on at least one worker")
     return red.result

@@ -34,7 +34,10 @@ def test_bad_arguments_are_named():
     model = torch.nn.Linear(2, 2)
     with pytest.raises(TypeError, match="hx.Compression codec"):
         hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
-                                compression=hvd.Compression.fp16)
+                                compression="fp16")
+    with pytest.raises(ValueError, match="nonfinite must be one of"):
+        hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                nonfinite="ignore")
     with pytest.raises(ValueError, match="unique"):
         hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                 [("w", model.weight), ("w", model.bias)])

@@ -40,6 +40,11 @@ class ReduceContext:
     param: torch.Tensor | None = None
     nonfinite: bool = False   # set by a codec when the global gradient is not finite
     slot: int | None = None   # pipeline slot: two steps in flight need distinct Horovod op names
+    # Horovod's gradient_predivide_factor f: scale by 1/f before the sum and f/n after it (op Average).
+    # Codecs that sum in floating point (none, fp16, Horovod compressors) honour it; for the others
+    # it changes nothing but rounding, and they ignore it.
+    prescale_factor: float = 1.0
+    postscale_factor: float = 1.0
 
     @property
     def size(self) -> int:
