@@ -72,14 +72,18 @@ def load_checkpoint(path):
 def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0, limit: int = 0,
              batch_seconds: float = 120.0, desc: str = "", method: str = "attention", lm=None,
              lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0) -> dict:
-    """Decode a manifest; return WER, SER and every (id, ref, hyp)."""
+    """Decode a manifest; return WER, SER and every (id, ref, hyp).
+
+    An utterance whose audio cannot be read (see asr.loader.SkippedItem) is counted as an error: its row has an
+    empty hypothesis and a ``skipped`` reason, so WER and SER keep the manifest's full denominator; the result
+    also lists them under ``skipped`` and counts them in ``skipped_utterances``."""
     from tqdm import tqdm
     from .decode import beam_search, ctc_greedy, ctc_prefix_beam_search, greedy
     from .loader import SpeechDataset, collate, eval_batches
     ds = SpeechDataset(manifest, tok, norm)
     if limit:
         ds.entries = ds.entries[:limit]
-    rows = []
+    rows, skipped = [], []
     if method in ("ctc", "ctc_beam"):
         if model.ctc_head is None:
             raise SystemExit(f"asr-eval: --method {method} needs a model trained with a CTC head (model.ctc_weight > 0)")
@@ -89,7 +93,11 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     with torch.no_grad():
         for b in tqdm(batches, desc=desc or Path(manifest).name, leave=False, dynamic_ncols=True,
                       disable=not sys.stderr.isatty()):
-            ids, feats, flen, _, _, texts = collate([ds[i] for i in b])
+            batch = collate([ds[i] for i in b])
+            skipped += batch.skipped
+            if not batch.ids:
+                continue
+            ids, feats, flen, texts = batch.ids, batch.feats, batch.flen, batch.texts
             if method == "ctc":
                 hyps = ctc_greedy(model, feats, flen)
             elif method == "ctc_beam":
@@ -100,12 +108,15 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
             else:
                 hyps = beam_search(model, feats, flen, beam=beam, ctc_weight=ctc_weight)
             rows += [{"id": i, "ref": r, "hyp": tok.decode(h)} for i, r, h in zip(ids, texts, hyps)]
+    ref_of = {e["id"]: e["text"] for e in ds.entries}
+    rows += [{"id": i, "ref": ref_of[i], "hyp": "", "skipped": why} for i, why in skipped]
     speaker = {e["id"]: e.get("speaker", "unknown") for e in ds.entries}
     by_speaker: dict = {}
     for r in rows:
         by_speaker.setdefault(speaker.get(r["id"], "unknown"), []).append(r)
     out, wer, ser = _rates(rows)
     return {"manifest": str(manifest), "utterances": len(rows), "wer": wer, "ser": ser,
+            "skipped_utterances": len(skipped), "skipped": [{"id": i, "reason": why} for i, why in skipped],
             "substitutions": out.substitutions, "deletions": out.deletions, "insertions": out.insertions,
             "per_speaker": {s: dict(zip(("utterances", "wer", "ser"), (len(rs), *_rates(rs)[1:])))
                             for s, rs in sorted(by_speaker.items())},
@@ -157,6 +168,11 @@ def _load_lm(args, ckpt_path, ckpt):
     return lm
 
 
+def _skip_note(res: dict) -> str:
+    n = res.get("skipped_utterances", 0)
+    return f"  [{n} unreadable utterance(s) skipped, counted as errors]" if n else ""
+
+
 def run_dir_mode(args) -> int:
     run = Path(args.run_dir)
     cache = run / "eval"
@@ -183,8 +199,8 @@ def run_dir_mode(args) -> int:
                 tmp = dest.with_suffix(".tmp")
                 tmp.write_text(json.dumps(res, indent=1))
                 os.replace(tmp, dest)
-                print(f"[asr-eval] epoch {epoch} {_name(m, _label(args))}: WER {100 * res['wer']:.2f}%  SER {100 * res['ser']:.2f}%",
-                      flush=True)
+                print(f"[asr-eval] epoch {epoch} {_name(m, _label(args))}: WER {100 * res['wer']:.2f}%  SER {100 * res['ser']:.2f}%"
+                      + _skip_note(res), flush=True)
             done_epochs.add(epoch)
         write_summary(run, args.manifest, _label(args))
         if not args.watch or (run / "DONE").exists() and len(done_epochs) >= len(list((run / "checkpoints").glob("epoch*.pt"))):
@@ -213,7 +229,8 @@ def write_summary(run: Path, manifests, method: str = "attention") -> None:
         rows = []
         for f in sorted((run / "eval").glob(f"{name}.epoch*.json")):
             r = json.loads(f.read_text())
-            rows.append({"epoch": r["epoch"], "wer": r["wer"], "ser": r["ser"], "utterances": r["utterances"]})
+            rows.append({"epoch": r["epoch"], "wer": r["wer"], "ser": r["ser"], "utterances": r["utterances"],
+                         "skipped_utterances": r.get("skipped_utterances", 0)})
         if rows or name in (_name(m, method) for m in manifests):
             table[name] = rows
     tmp = run / "wer_per_epoch.json.tmp"
@@ -258,7 +275,9 @@ def main(argv=None) -> int:
                "ctc_beam": f"CTC prefix beam {r['beam']}, LM weight {r['lm_weight']}, attention weight "
                            f"{r['att_weight']}"}.get(args.method, f"beam {r['beam']}")
         print(f"{Path(r['manifest']).name}: WER {100 * r['wer']:.2f}%  SER {100 * r['ser']:.2f}%  "
-              f"({r['utterances']} utterances, {how})")
+              f"({r['utterances']} utterances, {how})" + _skip_note(r))
+        for s in r["skipped"][:5]:
+            print(f"  skipped {s['id']}: {s['reason']}")
         for spk, x in r["per_speaker"].items():
             print(f"  {spk:40s} WER {100 * x['wer']:6.2f}%  SER {100 * x['ser']:6.2f}%  ({x['utterances']} utt)")
     if args.json:

@@ -6,15 +6,19 @@ features, normalization, tokenization); the trainer receives padded feature tens
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch.utils.data import Dataset, Sampler
 
 from .config import CHOICES
 from .data.manifest import audio_path, read_manifest
-from .features import compute_features
+from .features import N_MELS, compute_features
+
+log = logging.getLogger(__name__)
 
 
 class Normalizer:
@@ -75,11 +79,20 @@ class Tokenizer:
         return self.sp.decode([i for i in ids if 0 <= i < self.vocab_size])
 
 
+class SkippedItem(NamedTuple):
+    """What :class:`SpeechDataset` returns for an utterance it cannot use (unreadable, empty or corrupt audio, no
+    finite features): ``collate`` drops it from the batch and reports it in ``Batch.skipped``."""
+    utt_id: str
+    reason: str
+
+
 class SpeechDataset(Dataset):
     """Utterances of a manifest -> (utt_id, normalized features [T, 40], token ids, text).
 
     With an ``augmenter`` (training), features come from it and depend on (seed, epoch, utt id);
-    without one (evaluation), clean features are computed."""
+    without one (evaluation), clean features are computed. An utterance whose audio cannot be read or gives
+    no usable features comes back as a :class:`SkippedItem` (the reason names the file; logged once per
+    process), so one bad file costs one utterance, not the run."""
 
     def __init__(self, manifest, tokenizer: Tokenizer, normalizer: Normalizer, augmenter=None,
                  max_duration: float | None = None):
@@ -94,6 +107,7 @@ class SpeechDataset(Dataset):
         self.normalizer = normalizer
         self.augmenter = augmenter
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._logged_skips: set[str] = set()
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch.fill_(int(epoch))
@@ -108,25 +122,62 @@ class SpeechDataset(Dataset):
     def __getitem__(self, i: int):
         from .augment.dataset import load_wave
         e = self.entries[i]
-        wave = load_wave(audio_path(e, self.manifest))
-        if self.augmenter is not None:
-            feats, _ = self.augmenter(wave, e["id"], int(self._epoch))
-        else:
-            feats = compute_features(wave, compression=self.normalizer.compression)
-        return e["id"], self.normalizer(feats), self.tokenizer.encode(e["text"]), e["text"]
+        path = audio_path(e, self.manifest)
+        try:
+            wave = load_wave(path)                 # ValueError naming the file: unreadable, empty, corrupt
+            if self.augmenter is not None:
+                feats, _ = self.augmenter(wave, e["id"], int(self._epoch))
+            else:
+                feats = compute_features(wave, compression=self.normalizer.compression)
+            feats = self.normalizer(feats)
+        except (ValueError, RuntimeError, OSError, EOFError) as err:
+            reason = str(err) if str(path) in str(err) else f"{path}: {type(err).__name__}: {err}"
+            return self._skip(e["id"], reason)
+        if feats.shape[0] == 0:
+            return self._skip(e["id"], f"{path}: no feature frames")
+        if not torch.isfinite(feats).all():
+            return self._skip(e["id"], f"{path}: non-finite features")
+        return e["id"], feats, self.tokenizer.encode(e["text"]), e["text"]
+
+    def _skip(self, utt_id: str, reason: str) -> SkippedItem:
+        if utt_id not in self._logged_skips:       # once per process (each epoch would repeat it)
+            self._logged_skips.add(utt_id)
+            log.warning("skipping utterance %s of %s: %s", utt_id, self.manifest, reason)
+        return SkippedItem(utt_id, reason)
 
 
-def collate(batch):
-    """Pad features with 0 and tokens with -1; return ids, feats [B,T,40], feat_lengths, tokens [B,L], lengths, texts."""
+class Batch(NamedTuple):
+    """A padded batch from :func:`collate`.
+
+    ``skipped`` lists ``(utt_id, reason)`` of the utterances dropped from it (see :class:`SkippedItem`). A batch
+    whose items were all dropped has zero utterances (feats [0, 0, 40], toks [0, 1], empty lengths, ids and
+    texts): the trainer still takes part in the step, so every rank runs the same number of steps."""
+    ids: list[str]
+    feats: torch.Tensor                # [B, T, 40] float32, padded with 0
+    flen: torch.Tensor                 # [B] int64 feature frames
+    toks: torch.Tensor                 # [B, L] int64 token ids padded with -1, L >= 1
+    tlen: torch.Tensor                 # [B] int64 tokens
+    texts: list[str]
+    skipped: list[tuple[str, str]]     # (utt_id, reason) of the dropped utterances
+
+
+def collate(batch) -> Batch:
+    """Drop SkippedItems, pad features with 0 and tokens with -1: a :class:`Batch`."""
+    skipped = [(b.utt_id, b.reason) for b in batch if isinstance(b, SkippedItem)]
+    batch = [b for b in batch if not isinstance(b, SkippedItem)]
+    if not batch:
+        empty = torch.zeros(0, dtype=torch.long)
+        return Batch([], torch.zeros(0, 0, N_MELS), empty, torch.full((0, 1), -1, dtype=torch.long), empty.clone(),
+                     [], skipped)
     ids, feats, toks, texts = zip(*batch)
-    flen = torch.tensor([f.shape[0] for f in feats])
-    tlen = torch.tensor([len(t) for t in toks])
+    flen = torch.tensor([f.shape[0] for f in feats], dtype=torch.long)
+    tlen = torch.tensor([len(t) for t in toks], dtype=torch.long)
     F = torch.zeros(len(batch), int(flen.max()), feats[0].shape[1])
     T = torch.full((len(batch), max(int(tlen.max()), 1)), -1, dtype=torch.long)
     for i, (f, t) in enumerate(zip(feats, toks)):
         F[i, :f.shape[0]] = f
         T[i, :len(t)] = torch.tensor(t, dtype=torch.long)
-    return list(ids), F, flen, T, tlen, list(texts)
+    return Batch(list(ids), F, flen, T, tlen, list(texts), skipped)
 
 
 class BucketBatchSampler(Sampler):

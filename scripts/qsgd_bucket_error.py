@@ -23,7 +23,12 @@ from asr.models.bfa import BFA, BFAConfig  # noqa: E402
 
 def grads(model, ds, batch):
     model.zero_grad()
-    _, f, fl, t, tl, _ = collate([ds[i] for i in batch])
+    b = collate([ds[i] for i in batch])
+    if b.skipped:
+        print(f"skipped {len(b.skipped)} utterance(s): {b.skipped[0][1]}", file=sys.stderr)
+    if not b.ids:
+        raise SystemExit("every utterance of a batch was skipped")
+    f, fl, t, tl = b.feats, b.flen, b.toks, b.tlen
     model(f, fl, t, tl)[0].backward()
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 

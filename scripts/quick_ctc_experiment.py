@@ -100,7 +100,8 @@ def main():
                 errs = {}
                 for i in range(0, len(pairs), 32):
                     chunk = pairs[i:i + 32]
-                    _, feats, flen, _, _, texts = collate([prep(e, f) for e, f in chunk])
+                    batch = collate([prep(e, f) for e, f in chunk])    # cached features: nothing is skipped
+                    feats, flen, texts = batch.feats, batch.flen, batch.texts
                     for (e, _), hyp, ref in zip(chunk, ctc_greedy(model, feats, flen), texts):
                         er, n = word_errors(ref, tok.decode(hyp))
                         for key in ("all", e.get("domain", "?"), e["speaker"]):
@@ -119,7 +120,8 @@ def main():
         for b in sampler:
             if time.time() - t0 >= budget:
                 break
-            _, feats, flen, toks, tlen, _ = collate([prep(*train[i]) for i in b])
+            batch = collate([prep(*train[i]) for i in b])
+            feats, flen, toks, tlen = batch.feats, batch.flen, batch.toks, batch.tlen
             for g in opt.param_groups:
                 g["lr"] = a.lr * lr_factor(step, epoch, cfg.train.warmup_steps, a.decay)
             loss, stats = model(feats, flen, toks, tlen)
