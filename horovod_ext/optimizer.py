@@ -511,7 +511,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         """Load the wrapped optimizer's state and, if present, the codec state: this worker's own
         share of a gathered state dict, a single worker's state, or resharded from another worker
-        count. Reductions in flight are abandoned (they belong to the state being replaced)."""
+        count. Reductions in flight are abandoned (they belong to the state being replaced).
+        Load the model first: a codec may re-derive this worker's parameters (DEF)."""
         state_dict = dict(state_dict)
         hx_state = state_dict.pop("horovod_ext", None)
         self._pending.clear()
@@ -546,6 +547,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             saved = codec_state_io.reshard([r["codec"] for r in per_rank], hx_state["world_size"], size)
         self._codec_state = codec_state_io.load_codec_states(saved, devices)
+        with torch.no_grad():
+            for p, name in self._names.items():
+                self._compression.on_load(p, self._codec_state[name], self._group_of[p])
         ref = mine if mine is not None else per_rank[0]
         self._steps_taken = int(ref["steps"])
         self.adaptive.decided = bool(ref["adaptive"]["decided"])

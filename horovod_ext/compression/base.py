@@ -102,6 +102,11 @@ class Compressor:
     def after_step(self, param: torch.Tensor, state: dict, group: dict) -> None:
         pass
 
+    def on_load(self, param: torch.Tensor, state: dict, group: dict) -> None:
+        """After a checkpoint restored ``state`` (and the model): re-derive what is per worker in the
+        parameters themselves (DEF: this worker's x = x~ - coeff * lr * e, from its own residual)."""
+        pass
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.label}>"
 

@@ -127,3 +127,11 @@ class RandomBlock(Compressor):
         res = state.get("residual")
         if res is not None and self.coeff:
             param.data.add_(res.view_as(param).to(param.dtype), alpha=-self.coeff * group["lr"])
+
+    def on_load(self, param: torch.Tensor, state: dict, group: dict) -> None:
+        # A checkpoint holds one worker's (perturbed) model; each worker's own x comes from x~ and its e.
+        if self.detached and "synced" in state:
+            param.data.copy_(state["synced"])
+            res = state.get("residual")
+            if res is not None and self.coeff:
+                param.data.add_(res.view_as(param).to(param.dtype), alpha=-self.coeff * group["lr"])
