@@ -76,6 +76,7 @@ class TrainConfig:
     comm_warmup_steps: int = 0          # first steps reduce plain fp32, synchronously (no codec, no pipeline)
     backward_passes_per_step: int = 1
     amp: str = "none"                   # none | bf16 | fp16 (autocast on GPU hosts)
+    nonfinite: str = "skip"             # a NaN/Inf averaged gradient: every worker skips the step (logged) or raises
     seed: int = 0
     loader_workers: int = 1             # DataLoader worker processes per trainer (augmentation runs there)
     threads: int = 1                    # torch threads per trainer
@@ -109,7 +110,8 @@ class ConfigError(ValueError):
 
 
 # Keys whose value must be one of a few words (checked after the types).
-CHOICES = {"data.cmvn": ("global", "utterance")}
+CHOICES = {"data.cmvn": ("global", "utterance"), "train.amp": ("none", "bf16", "fp16"),
+           "train.nonfinite": ("skip", "raise")}
 
 
 def _coerce(value, typ, where: str):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,12 +33,14 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def atomic_save(obj, path: Path) -> None:
-    """Write to a temporary file in the same folder, then rename: a crash leaves the last good file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def load_resume_checkpoint(path: Path):
+    """The checkpoint to resume from, or the error message (a string) to show on every rank."""
+    from .checkpoint import CheckpointError, load_checkpoint
+    try:
+        return load_checkpoint(path, expect_keys=("model", "optimizer", "epoch", "step"),
+                               what="a BFA checkpoint written by asr.train")
+    except CheckpointError as e:
+        return f"cannot resume: {e}"
 
 
 def lr_factor(step: int, epoch: int, warmup: int, decay: float) -> float:
@@ -79,9 +80,15 @@ class Babble:
     def __call__(self, rng):
         from .augment.dataset import load_wave
         i = int(rng.integers(len(self.paths)))
-        if i not in self._cache:
-            self._cache[i] = load_wave(self.paths[i])
-        return self._cache[i]
+        for j in [i] + [k for k in range(len(self.paths)) if k != i]:   # an unreadable talker: the next one
+            if j not in self._cache:
+                try:
+                    self._cache[j] = load_wave(self.paths[j])
+                except ValueError:
+                    self._cache[j] = None
+            if self._cache[j] is not None:
+                return self._cache[j]
+        raise ValueError(f"no readable babble talker among {len(self.paths)} training files")
 
 
 def build_augmenter(cfg, dataset, seed: int):
@@ -102,6 +109,7 @@ def main(argv=None) -> int:
     from torch.utils.data import DataLoader
     from tqdm import tqdm
 
+    from .checkpoint import atomic_save
     from .config import ConfigError, load_config
     from .decode import ctc_greedy, greedy
     from .loader import BucketBatchSampler, Normalizer, SpeechDataset, Tokenizer, collate, eval_batches
@@ -151,20 +159,28 @@ def main(argv=None) -> int:
     opt = hx.DistributedOptimizer(base, model.named_parameters(),
                                   compression=hx.Compression.from_spec(cfg.train.compression),
                                   backward_passes_per_step=cfg.train.backward_passes_per_step,
-                                  pipeline=cfg.train.pipeline, warmup_steps=cfg.train.comm_warmup_steps)
+                                  pipeline=cfg.train.pipeline, warmup_steps=cfg.train.comm_warmup_steps,
+                                  nonfinite=cfg.train.nonfinite)
     start_epoch, step = 0, 0
     last = out / "checkpoints" / "last.pt"
-    if args.resume and last.exists():
-        ckpt = torch.load(last, map_location="cpu", weights_only=False) if rank == 0 else None
-        if rank == 0:
-            model.load_state_dict(ckpt["model"])
-            opt.load_state_dict(ckpt["optimizer"])
-        start_epoch, step = hvd.broadcast_object((ckpt["epoch"] + 1, ckpt["step"]) if rank == 0 else None, 0,
-                                                 name="resume")
-        log({"event": "resume", "from": str(last), "epoch": start_epoch, "step": step})
-        opt.warmup_steps = max(0, cfg.train.comm_warmup_steps - step)  # a resumed run does not warm up again
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    resume = bool(hvd.broadcast_object(args.resume and last.exists() if rank == 0 else None, 0, name="resume.exists"))
+    if resume:
+        ckpt = load_resume_checkpoint(last) if rank == 0 else None
+        # Rank 0 reads the file (other hosts need not see it); every rank gets the same model and
+        # optimizer state and picks its own share of the codec state (error-feedback residuals, RNG).
+        ckpt = hvd.broadcast_object(ckpt, 0, name="resume")
+        if isinstance(ckpt, str):
+            print(f"asr.train: {ckpt}", file=sys.stderr)
+            return 2
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        start_epoch, step = ckpt["epoch"] + 1, ckpt["step"]
+        log({"event": "resume", "from": str(last), "epoch": start_epoch, "step": step,
+             "codec_state_workers": ckpt["optimizer"].get("horovod_ext", {}).get("world_size")})
+        del ckpt
+    else:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
     peak_lr = cfg.train.lr * size
     if start_epoch == 0:
         log({"event": "start", "workers": size, "device": str(device), "parameters": parameter_count(model),
@@ -180,7 +196,7 @@ def main(argv=None) -> int:
     budget_s = cfg.train.max_minutes * 60
     trained_s = hvd.broadcast_object(_trained_seconds(log_path) if rank == 0 else None, 0, name="trained_s")
     epochs_done = start_epoch
-    wait_before = 0.0                   # comm_stats() counts from process start; the log wants each epoch's share
+    wait_before = skipped_before = 0    # comm_stats() counts from process start; the log wants each epoch's share
     for epoch in range(start_epoch, cfg.train.epochs):
         if budget_s and (trained_s >= budget_s or epoch > start_epoch and trained_s + epoch_s > budget_s):
             # Stop before an epoch that would not end within the budget (all ranks decide alike: the
@@ -195,19 +211,27 @@ def main(argv=None) -> int:
         model.train()
         t0 = time.time()
         sums = {"loss": 0.0, "att_loss": 0.0, "ctc_loss": 0.0, "acc": 0.0}
-        n = 0
+        n = skipped_utts = 0
         # A live bar on a terminal; under horovodrun (output piped, prefixed per line) a line every 30 s.
         interactive = rank == 0 and sys.stderr.isatty()
         bar = tqdm(loader, desc=f"epoch {epoch}", disable=not interactive, leave=False, dynamic_ncols=True)
         last_note = time.time()
-        for ids, feats, flen, toks, tlen, _ in bar:
+        for batch in bar:
             for g in opt.param_groups:
                 g["lr"] = peak_lr * lr_factor(step, epoch, cfg.train.warmup_steps, cfg.train.decay)
             opt.zero_grad(set_to_none=True)
-            feats, flen, toks, tlen = feats.to(device), flen, toks.to(device), tlen.to(device)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                loss, stats = model(feats, flen, toks, tlen)
-            (scaler.scale(loss) if scaler else loss).backward()
+            for utt_id, reason in batch.skipped:       # the loader could not use a file: say which, go on
+                skipped_utts += 1
+                print(f"[train] rank {rank} epoch {epoch} step {step}: skipped utterance {utt_id}: {reason}",
+                      file=sys.stderr, flush=True)
+            stats = None
+            if batch.ids:
+                feats, toks, tlen = batch.feats.to(device), batch.toks.to(device), batch.tlen.to(device)
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    loss, stats = model(feats, batch.flen, toks, tlen)
+                (scaler.scale(loss) if scaler else loss).backward()
+            # A batch whose every file was unreadable still takes part in the step (zero gradients):
+            # every worker runs the same collectives.
             opt.synchronize()
             if scaler:
                 scaler.unscale_(opt)
@@ -218,14 +242,16 @@ def main(argv=None) -> int:
                     scaler.update()
                 else:
                     opt.step()
+            step += 1
+            if stats is None:
+                continue
             for k in sums:
                 sums[k] += stats.get(k, 0.0)
             n += 1
-            step += 1
             bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['acc']:.2f}")
             if rank == 0 and not interactive and time.time() - last_note > 30:
                 last_note = time.time()
-                per = (last_note - t0) / n
+                per = (last_note - t0) / max(n, 1)
                 print(f"[train] epoch {epoch} batch {n}/{len(sampler)} loss {stats['loss']:.3f} acc {stats['acc']:.2f} "
                       f"({per:.2f} s/step, epoch eta {per * (len(sampler) - n):.0f} s)", flush=True)
             if step % cfg.train.log_every == 0:
@@ -240,8 +266,13 @@ def main(argv=None) -> int:
         batches = eval_batches(dev_set.durations, cfg.decode.batch_seconds)
         with torch.no_grad():
             for b in batches[rank::size]:
-                ids, feats, flen, _, _, texts = collate([dev_set[i] for i in b])
-                feats = feats.to(device)
+                dev = collate([dev_set[i] for i in b])
+                unreadable = dict(dev.skipped)         # counted as all words wrong, as asr-eval does
+                lost = sum(len(dev_set.entries[i]["text"].split()) for i in b if dev_set.entries[i]["id"] in unreadable)
+                errs, ctc_errs, words = errs + lost, ctc_errs + lost, words + lost
+                if not dev.ids:
+                    continue
+                feats, flen, texts = dev.feats.to(device), dev.flen, dev.texts
                 encoded = model.encode(feats, flen)                 # once, for both decoders
                 hyps = greedy(model, feats, flen, encoded=encoded)
                 ctc_hyps = ctc_greedy(model, feats, flen, encoded=encoded) if model.ctc_head is not None else hyps
@@ -249,7 +280,7 @@ def main(argv=None) -> int:
                     e, w = word_errors(ref, tok.decode(hyp))
                     errs, words = errs + e, words + w
                     ctc_errs += word_errors(ref, tok.decode(ctc_hyp))[0]
-        tot = hvd.allreduce(torch.tensor([errs, words, ctc_errs], dtype=torch.float64), op=hvd.Sum,
+        tot = hvd.allreduce(torch.tensor([errs, words, ctc_errs, skipped_utts], dtype=torch.float64), op=hvd.Sum,
                             name=f"devwer.{epoch}")
         mean = hvd.allreduce(torch.tensor([sums[k] / max(n, 1) for k in sums], dtype=torch.float64),
                              op=hvd.Average, name=f"trainloss.{epoch}")
@@ -261,10 +292,13 @@ def main(argv=None) -> int:
                **({"dev_wer_ctc": float(tot[2] / max(tot[1], 1))} if model.ctc_head is not None else {}),
                "train_s": train_s, "eval_s": time.time() - t0 - train_s,
                "lr": opt.param_groups[0]["lr"], "bits_per_element": comm["bits_per_element"],
-               "comm_wait_s": comm["wait_s"] - wait_before}
-        wait_before = comm["wait_s"]
+               "comm_wait_s": comm["wait_s"] - wait_before,
+               "skipped_utterances": int(tot[3]),                      # unreadable files, all workers
+               "skipped_steps": comm["skipped_steps"] - skipped_before}  # NaN/Inf averaged gradients
+        wait_before, skipped_before = comm["wait_s"], comm["skipped_steps"]
+        opt_state = opt.gather_state_dict(root_rank=0)     # collective: every worker's codec state
         if rank == 0:
-            ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch, "step": step,
+            ckpt = {"model": model.state_dict(), "optimizer": opt_state, "epoch": epoch, "step": step,
                     "model_config": dataclasses.asdict(model_cfg), "config": cfg.to_dict(),
                     "tokenizer": str(Path(cfg.data.tokenizer).resolve()), "stats": str(Path(cfg.data.stats).resolve()),
                     "dev_wer_greedy": dev_wer}

@@ -39,11 +39,11 @@ def overrides(corpus, run, train="few.jsonl", dev="few.jsonl", **extra):
     return args + [f"{k.replace('__', '.')}={v}" for k, v in extra.items()]
 
 
-def train(args, np_=1, timeout=600):
+def train(args, np_=1, timeout=600, env=None):
     cmd = [sys.executable, "-m", "asr.train", "--config", str(CONF), *map(str, args)]
     if np_ > 1:
         cmd = [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *cmd]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **(env or {}))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -114,6 +114,42 @@ def test_resume_gives_the_same_next_loss(corpus, tmp_path):
     next_step = resume["step"] + 1
     assert part_steps[next_step] == full_steps[next_step]      # the first loss after resuming
     assert part_steps == full_steps                            # and every one after it
+
+
+@pytest.mark.parametrize("codec", ["none", "global_qsgd8+pipe"])
+def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corpus, tmp_path, codec):
+    """Issue 14: a 2-worker --resume used to hang. Now the steps after resuming from an epoch
+    checkpoint have exactly the losses of the uninterrupted run (fusion off: Horovod's sums are then
+    deterministic), codec state included; and a corrupt audio file in the training manifest is
+    skipped, counted and logged without desynchronizing the workers."""
+    rows = [json.loads(x) for x in (corpus / "train.jsonl").read_text().splitlines()]
+    (corpus / "corrupt.flac").write_bytes(b"fLaC" + bytes(200))
+    rows[3] = dict(rows[3], audio_filepath="corrupt.flac")
+    (corpus / "train_bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    full, part = tmp_path / "full", tmp_path / "part"
+    extra = dict(train__batch_seconds=20, data__dev_subset=2, train__compression=codec.split("+")[0],
+                 train__pipeline=str(codec.endswith("+pipe")).lower())
+    env = {"HOROVOD_FUSION_THRESHOLD": "0"}
+    proc = train(overrides(corpus, full, train="train_bad.jsonl", train__epochs=2, **extra), np_=2, env=env)
+    assert "corrupt.flac" in proc.stdout + proc.stderr        # the skip names the file
+    epochs = [r for r in log_records(full) if r["event"] == "epoch"]
+    assert [e["skipped_utterances"] for e in epochs] == [1, 1]
+    # Stopped after epoch 0 (its checkpoint is what a 1-epoch run leaves), then resumed.
+    (part / "checkpoints").mkdir(parents=True)
+    (part / "checkpoints" / "last.pt").write_bytes((full / "checkpoints" / "epoch000.pt").read_bytes())
+    train(overrides(corpus, part, train="train_bad.jsonl", train__epochs=2, **extra) + ["--resume"], np_=2,
+          env=env, timeout=300)
+    resume = next(r for r in log_records(part) if r["event"] == "resume")
+    assert resume["epoch"] == 1 and resume["codec_state_workers"] == 2
+    steps = lambda run: [(r["step"], r["loss"]) for r in log_records(run) if r["event"] == "step"]
+    after = [s for s in steps(full) if s[0] > resume["step"]]
+    assert after and steps(part) == after
+    # The same checkpoint resumes at another worker count: codec state resharded by the stated rule.
+    one = tmp_path / "one"
+    (one / "checkpoints").mkdir(parents=True)
+    (one / "checkpoints" / "last.pt").write_bytes((full / "checkpoints" / "epoch000.pt").read_bytes())
+    proc = train(overrides(corpus, one, train="train_bad.jsonl", train__epochs=2, **extra) + ["--resume"])
+    assert [r["epoch"] for r in log_records(one) if r["event"] == "epoch"] == [1]
 
 
 def test_train_under_horovodrun_with_compression_and_pipelining(corpus, tmp_path):
