@@ -54,22 +54,25 @@ def packed_words(numel: int, bits: int) -> int:
     return (numel + lpw - 1) // lpw
 
 
-def pack(q: torch.Tensor, bits: int, m: int) -> torch.Tensor:
+def pack(q: torch.Tensor, bits: int, m: int, extra_words: int = 0) -> torch.Tensor:
     """Pack integers ``q`` (any integer or integral float dtype, values in [-m, m]) into int64 words.
 
-    Returns a 1-D int64 tensor of ``packed_words(q.numel(), bits)`` words. Padding lanes hold 0.
+    Returns a 1-D int64 tensor on ``q``'s device: ``packed_words(q.numel(), bits)`` words, padding
+    lanes 0, then ``extra_words`` zero words for the caller (Global-QSGD counts contributors in one).
     """
     n = q.numel()
     lpw = lanes_per_word(bits)
     words = packed_words(n, bits)
-    lanes = torch.zeros(words * lpw, dtype=torch.int16, device=q.device)
+    rows = words + extra_words
+    lanes = torch.zeros(rows * lpw, dtype=torch.int16, device=q.device)
     lanes[:n] = q.reshape(-1).to(torch.int16)
-    lanes = lanes.view(words, lpw)
+    lanes = lanes.view(rows, lpw)
+    body = lanes[:words]
     mask = (1 << bits) - 1
-    lanes[:, :-1] += m                    # offset binary for the lower lanes
-    lanes[:, -1] &= mask                  # two's complement for the top lane
+    body[:, :-1] += m                     # offset binary for the lower lanes
+    body[:, -1] &= mask                   # two's complement for the top lane
     per_byte = 8 // bits
-    lanes = lanes.to(torch.uint8).view(words * 8, per_byte)
+    lanes = lanes.to(torch.uint8).view(rows * 8, per_byte)
     if per_byte == 1:
         byte = lanes.reshape(-1)
     else:
@@ -79,8 +82,12 @@ def pack(q: torch.Tensor, bits: int, m: int) -> torch.Tensor:
     return byte.view(torch.int64)
 
 
-def unpack(words: torch.Tensor, bits: int, m: int, workers: int, numel: int) -> torch.Tensor:
-    """Inverse of the n-worker sum of :func:`pack`: returns the lane sums as int32, length ``numel``."""
+def unpack(words: torch.Tensor, bits: int, m: int, workers, numel: int) -> torch.Tensor:
+    """Inverse of the sum of :func:`pack` over ``workers`` workers: the lane sums as int32, length ``numel``.
+
+    ``workers`` (an int, or a 0-dim integer tensor so that no host sync is needed) is the number of
+    workers whose offsets are in the sum; a worker that contributed all-zero words (a rank that has
+    called ``hvd.join()``) added no offset and is not counted."""
     if words.dtype != torch.int64:
         raise TypeError(f"packed words must be int64, got {words.dtype}")
     lpw = lanes_per_word(bits)
@@ -94,7 +101,10 @@ def unpack(words: torch.Tensor, bits: int, m: int, workers: int, numel: int) -> 
         parts = [((byte >> (bits * i)) & mask) for i in range(per_byte)]
         lanes = torch.stack(parts, dim=1).reshape(-1).to(torch.int32)
     lanes = lanes.view(nwords, lpw)
-    lanes[:, :-1] -= workers * m
+    if torch.is_tensor(workers):
+        lanes[:, :-1] -= (workers * m).to(torch.int32)
+    else:
+        lanes[:, :-1] -= workers * m
     top = lanes[:, -1]
     half = 1 << (bits - 1)
     lanes[:, -1] = torch.where(top >= half, top - (1 << bits), top)

@@ -66,3 +66,29 @@ def test_wire_size():
 def test_unpack_rejects_wrong_dtype():
     with pytest.raises(TypeError, match="int64"):
         packing.unpack(torch.zeros(4, dtype=torch.int32), 8, 1, 1, 4)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_joined_workers_all_zero_words_are_neutral_with_a_contributor_count(bits):
+    """Horovod adds all-zero words for a rank that called hvd.join(); unpacking with the number of
+    contributing workers (summed in an extra word, as Global-QSGD does) recovers the active sum."""
+    workers = (1 << (bits - 1)) - 1           # the most workers the lanes carry
+    m = packing.check_capacity(bits, workers)
+    active = max(1, workers - 2)              # the others have joined
+    numel = 2 * packing.lanes_per_word(bits) + 3
+    gen = torch.Generator().manual_seed(bits)
+    qs = [torch.randint(-m, m + 1, (numel,), generator=gen) for _ in range(active)]
+    words = packing.packed_words(numel, bits)
+    packed = []
+    for q in qs:
+        p = packing.pack(q, bits, m, extra_words=1)
+        assert p.numel() == words + 1 and int(p[-1]) == 0
+        p[-1] = 1
+        packed.append(p)
+    packed += [torch.zeros(words + 1, dtype=torch.int64)] * (workers - active)
+    total = torch.stack(packed).sum(0)
+    assert int(total[-1]) == active
+    out = packing.unpack(total[:words], bits, m, total[words], numel)
+    assert torch.equal(out.to(torch.int64), torch.stack(qs).sum(0))
+    # an int count works the same
+    assert torch.equal(packing.unpack(total[:words], bits, m, active, numel), out)

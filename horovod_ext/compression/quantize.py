@@ -15,6 +15,22 @@ Per tensor and step:
    allreduce; the lane sums are unpacked and rescaled once: avg = sum(q) * s / (m * n).
 Per worker the error of an element is below s/m (s its bucket's scale), hence so is the error of
 the average.
+
+The Sum payload carries one more int64 word: 1 from every worker, so its sum is the number c of
+workers that contributed. A rank that has called ``hvd.join()`` takes part in allreduces with all-zero
+words (measured on Horovod 0.28.1), and an all-zero word is not a neutral element of the offset-binary
+lanes (a zero lane means q = -m); unpacking with c instead of n removes exactly the offsets that were
+added. So under join the result is what ``hvd.allreduce(op=...)`` gives for the plain tensors
+(joined ranks count as zeros; Average divides by the process-set size, joined ranks included), within
+the quantization bound. The scale header is a Max allreduce of values >= 0, for which the joined
+ranks' zeros are neutral too. Works on any process set (rank and size are the process set's).
+
+Non-finite values: a worker whose gradient holds NaN/Inf raises the flag in the header; the Max
+makes it global, and every worker returns a NaN-filled result and sets ``ctx.nonfinite`` (the
+optimizer applies its policy, see ``nonfinite``; the codec itself neither raises nor skips). The
+codec's state (its rounding RNG) is not advanced then. Devices: every tensor is made on the
+gradient's device (the rounding RNG too); the host reads the header once per tensor (flag, largest
+and smallest scale, in one transfer), which the control flow needs.
 """
 from __future__ import annotations
 
@@ -37,6 +53,8 @@ class GlobalQSGD(Compressor):
             raise ValueError(f"global_qsgd: bucket must be an int >= 0 (0: one scale per tensor), got {bucket!r}")
         self.bits = bits
         self.seed = seed
+        #: the default non-finite policy of an optimizer using this codec ("raise" or "skip"); the
+        #: codec itself only reports (NaN result, ctx.nonfinite)
         self.nonfinite = nonfinite
         self.bucket = bucket
         self.label = f"global_qsgd{bits}" + ("" if bucket == 512 else f"-b{bucket}" if bucket else "-tensor")
@@ -45,9 +63,9 @@ class GlobalQSGD(Compressor):
         super().validate(world_size, op)
         packing.check_capacity(self.bits, world_size)
 
-    def _generator(self, ctx: ReduceContext, device) -> torch.Generator:
+    def _generator(self, ctx: ReduceContext, device: torch.device) -> torch.Generator:
         gen = ctx.state.get("rng")
-        if gen is None:
+        if gen is None or gen.device != device:
             gen = torch.Generator(device=device)
             base = self.seed if self.seed is not None else torch.initial_seed()
             # Independent rounding noise per worker and per parameter (zlib-free stable hash).
@@ -62,36 +80,41 @@ class GlobalQSGD(Compressor):
         if not flat.dtype.is_floating_point:
             raise TypeError(f"global_qsgd: gradient {ctx.name!r} has dtype {flat.dtype}; expected a floating dtype")
         size = flat.numel()
+        dev = flat.device
         bucket = self.bucket if 0 < self.bucket < size else max(size, 1)
         with ctx.compressing():
-            amax = _bucket_amax(flat, bucket) if size else torch.zeros(1, dtype=torch.float32)
-            finite = bool(torch.isfinite(amax).all())
-            header = torch.cat([amax if finite else torch.zeros_like(amax),
-                                torch.tensor([0.0 if finite else 1.0])])
+            amax = _bucket_amax(flat, bucket) if size else torch.zeros(1, dtype=torch.float32, device=dev)
+            finite = torch.isfinite(amax)
+            # scales (a non-finite bucket sends 0: the flag says it all) and the non-finite flag, no host sync
+            header = torch.cat([amax.where(finite, 0.0), (~finite.all()).to(torch.float32).reshape(1)])
         header = yield ctx.comm.allreduce_(header, name=ctx.op_name("scale"), op=hvd.Max)
-        scales, flag = header[:-1], float(header[-1])
+        scales = header[:-1]
+        # One host read for the control flow: the flag, the largest scale and the smallest non-zero one.
+        flag, top, low = torch.stack([header[-1], scales.max(),
+                                      scales.where(scales > 0, float("inf")).min()]).tolist()
         if flag > 0:
             ctx.nonfinite = True
-            return torch.zeros_like(grad)
-        top = float(scales.max())
+            return torch.full_like(grad, float("nan"))
+        words = packing.packed_words(size, self.bits)
         if top == 0.0 or size == 0:
             # Still take part in the payload collective: every worker must issue the same ops.
-            words = torch.zeros(packing.packed_words(flat.numel(), self.bits), dtype=torch.int64)
-            yield ctx.comm.allreduce_(words, name=ctx.op_name("q"), op=hvd.Sum)
+            payload = torch.zeros(words + 1, dtype=torch.int64, device=dev)
+            payload[-1] = 1
+            yield ctx.comm.allreduce_(payload, name=ctx.op_name("q"), op=hvd.Sum)
             return torch.zeros_like(grad)
         # fp32 arithmetic unless a scale is so small or large that m/s or s/m leaves fp32's normal range
-        low = float(scales[scales > 0].min())
         work = torch.float32 if 1e-30 < low and top < 1e30 else torch.float64
         s = scales.to(work)
-        s = torch.where(s > 0, s, torch.ones_like(s))  # an all-zero bucket quantizes to zeros whatever its scale
+        s = torch.where(s > 0, s, 1.0)  # an all-zero bucket quantizes to zeros whatever its scale
         with ctx.compressing():
             v = _per_bucket(flat.to(work), bucket, m / s)
-            noise = torch.rand(v.shape, generator=self._generator(ctx, v.device), dtype=work)
+            noise = torch.rand(v.shape, generator=self._generator(ctx, v.device), dtype=work, device=v.device)
             q = v.add_(noise).floor_().clamp_(-m, m)
-            words = packing.pack(q, self.bits, m)
-        total = yield ctx.comm.allreduce_(words, name=ctx.op_name("q"), op=hvd.Sum)
+            payload = packing.pack(q, self.bits, m, extra_words=1)
+            payload[-1] = 1                      # counts the contributing workers (see the module docstring)
+        total = yield ctx.comm.allreduce_(payload, name=ctx.op_name("q"), op=hvd.Sum)
         with ctx.decompressing():
-            sums = packing.unpack(total, self.bits, m, n, flat.numel())
+            sums = packing.unpack(total[:words], self.bits, m, total[words], size)
             denom = m * (n if ctx.average else 1)
             out = _per_bucket(sums.to(work), bucket, s / denom)
             return out.to(grad.dtype).view_as(grad)

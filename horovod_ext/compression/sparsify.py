@@ -6,14 +6,39 @@ gradient, so nothing is lost: sum of applied updates + residual = sum of raw gra
 * ``TopK``: each worker sends its own k largest entries of (gradient + residual), ranked by
   magnitude or, with ``importance=True``, by magnitude times (|w| + mean|w|) (importance-weighted
   pruning; the mean term lets zero-valued weights still be chosen). Positions differ between
-  workers, so values and indices travel by ``allgather`` (one int32 tensor of 2k entries) and are
-  summed locally in rank order: every worker gets the same result.
+  workers, so values and indices travel by ``allgather`` (one int32 tensor: k indices, then the k
+  values' bits) and are summed locally in rank order: every worker gets the same result.
 * ``RandomBlock``: one contiguous block (wrapping around) of each tensor, its start drawn from a
   seed shared by all workers, so the values go through an ordinary allreduce. With
   ``detached=True`` this is DEF (Xu & Huang, ICML 2022): the optimizer updates a synchronized
   copy of the model, x~, with the averaged blocks, and the model used for the next gradient is
   x = x~ - coeff * lr * e (the residual "detached" from the update, as in the authors' code,
   where e is kept in parameter units); ``detached=False`` is classic error feedback.
+
+Precision and devices: gradient + residual is accumulated, kept and sent in float32, or float64 for
+float64 gradients; every tensor is made on the gradient's device, and no value is read by the host.
+
+Non-finite values: when a worker's gradient + residual holds NaN/Inf, the entry it would have sent
+may not be among the selected ones, so the first value it sends is replaced by NaN (on the device, no
+host sync): every worker's result then holds a NaN. The new residual is kept only when the reduced
+result (identical on every worker) is finite; otherwise every worker keeps its residual from before
+the call (none stays none: zeros, which is the same). The block step counter of random_block still
+advances (identically on every worker).
+
+``hvd.join()`` (Horovod 0.28.1: a joined rank adds zeros to allreduces, Average divides by the full
+size; allgather is refused):
+
+* ``random_block`` (EF and DEF) is one allreduce: while ranks have joined, the active ranks get exactly
+  ``hvd.allreduce(op=...)`` of their blocks. A joined rank does not run the codec, so its block step
+  counter (and DEF's synchronized copy, like the model itself) falls behind; after every rank has
+  joined, bring the joined ranks' codec state up to date with the model (Horovod's pattern: broadcast
+  from the rank ``hvd.join()`` returns), or the workers would pick different blocks.
+* ``topk`` needs an allgather: it cannot reduce while a rank has joined. When the scheduler passes
+  Horovod's error into the codec, it raises :class:`~horovod_ext.compression.cast.JoinNotSupportedError`
+  naming the codec.
+
+Both work on any process set (rank and size are the process set's; allgather is in process-set rank
+order).
 """
 from __future__ import annotations
 
@@ -21,8 +46,10 @@ import math
 import random
 
 import torch
+from horovod.common.exceptions import HorovodInternalError
 
 from .base import Compressor, ReduceContext, Reduction, scale_for_op
+from .cast import reraise_collective_error
 from .quantize import _stable_hash
 
 
@@ -36,13 +63,35 @@ def _check_ratio(kind: str, ratio: float) -> float:
     return float(ratio)
 
 
+def _work_dtype(grad: torch.Tensor) -> torch.dtype:
+    return torch.float64 if grad.dtype == torch.float64 else torch.float32
+
+
 def _with_residual(grad: torch.Tensor, ctx: ReduceContext, error_feedback: bool) -> torch.Tensor:
-    acc = grad.detach().reshape(-1).to(torch.float32).clone()
+    """A fresh flat copy of gradient + residual in the working dtype, on the gradient's device."""
+    acc = grad.detach().reshape(-1).to(_work_dtype(grad), copy=True)
     if error_feedback:
         res = ctx.state.get("residual")
         if res is not None:
-            acc += res
+            acc += res.to(device=acc.device, dtype=acc.dtype)
     return acc
+
+
+def _poison_if_nonfinite(acc: torch.Tensor, sent: torch.Tensor) -> None:
+    """Replace ``sent[0]`` by NaN when ``acc`` holds NaN/Inf (no host sync)."""
+    if sent.numel():
+        sent[:1].masked_fill_(~torch.isfinite(acc).all(), float("nan"))
+
+
+def _commit_residual(ctx: ReduceContext, new: torch.Tensor, reduced: torch.Tensor) -> None:
+    """Store ``new`` as the residual if ``reduced`` is finite, else keep the old one (no host sync)."""
+    ok = torch.isfinite(reduced).all()
+    old = ctx.state.get("residual")
+    if old is None:
+        new.masked_fill_(~ok, 0.0)
+    else:
+        torch.where(ok, new, old.to(device=new.device, dtype=new.dtype), out=new)
+    ctx.state["residual"] = new
 
 
 class TopK(Compressor):
@@ -60,21 +109,26 @@ class TopK(Compressor):
             k = _count(numel, self.ratio)
             score = acc.abs()
             if self.importance and ctx.param is not None:
-                w = ctx.param.detach().reshape(-1).abs().to(torch.float32)
+                w = ctx.param.detach().reshape(-1).abs().to(device=acc.device, dtype=acc.dtype)
                 score = score * (w + w.mean())
             idx = torch.topk(score, k, sorted=False).indices
             vals = acc[idx]
+            _poison_if_nonfinite(acc, vals)
             if self.error_feedback:
                 acc[idx] = 0.0
-                ctx.state["residual"] = acc
             payload = torch.cat([idx.to(torch.int32), vals.view(torch.int32)])
-        gathered = yield ctx.comm.allgather(payload, name=ctx.op_name("topk"))
+        try:
+            gathered = yield ctx.comm.allgather(payload, name=ctx.op_name("topk"))
+        except HorovodInternalError as err:
+            reraise_collective_error(self.label, "allgather", err)
         with ctx.decompressing():
-            gathered = gathered.view(n, 2 * k)
+            gathered = gathered.view(n, payload.numel())
             all_idx = gathered[:, :k].reshape(-1).to(torch.int64)
-            all_vals = gathered[:, k:].contiguous().view(torch.float32).reshape(-1)
-            out = torch.zeros(numel, dtype=torch.float32)
+            all_vals = gathered[:, k:].contiguous().view(acc.dtype).reshape(-1)
+            out = acc.new_zeros(numel)
             out.index_add_(0, all_idx, all_vals)
+            if self.error_feedback:
+                _commit_residual(ctx, acc, all_vals)
             return scale_for_op(out, ctx).to(grad.dtype).view_as(grad)
 
 
@@ -88,26 +142,39 @@ class RandomBlock(Compressor):
         self.error_feedback = error_feedback or detached
         self.label = f"random_block{self.ratio:g}" + ("-def" if detached else ("-ef" if self.error_feedback else ""))
 
-    def block(self, name: str, step: int, numel: int) -> torch.Tensor:
-        """Indices of the block for ``name`` at ``step``: identical on every worker."""
+    def span(self, name: str, step: int, numel: int) -> tuple[int, int]:
+        """(start, length) of the block for ``name`` at ``step`` (it wraps around): identical on every worker."""
         size = _count(numel, self.ratio)
         start = random.Random(f"{self.seed}:{_stable_hash(name)}:{step}").randrange(numel)
-        return (torch.arange(start, start + size) % numel)
+        return start, size
+
+    def block(self, name: str, step: int, numel: int, device=None) -> torch.Tensor:
+        """Indices of the block for ``name`` at ``step`` (on ``device``, default the CPU)."""
+        start, size = self.span(name, step, numel)
+        return torch.arange(start, start + size, device=device if device is not None else "cpu") % numel
 
     def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> Reduction:
         with ctx.compressing():
             acc = _with_residual(grad, ctx, self.error_feedback)
+            numel = acc.numel()
             step = ctx.state.get("step", 0)
             ctx.state["step"] = step + 1
-            idx = self.block(ctx.name, step, acc.numel())
-            msg = acc[idx].clone()
+            start, size = self.span(ctx.name, step, numel)
+            wrap = max(0, start + size - numel)       # the block's part at the tensor's start
+            head = acc[start:start + size - wrap]
+            msg = torch.cat([head, acc[:wrap]]) if wrap else head.clone()
+            _poison_if_nonfinite(acc, msg)
             if self.error_feedback:
-                acc[idx] = 0.0
-                ctx.state["residual"] = acc
+                head.zero_()
+                acc[:wrap].zero_()
         reduced = yield ctx.comm.allreduce_(msg, name=ctx.op_name("block"), op=ctx.op)
         with ctx.decompressing():
-            out = torch.zeros(acc.numel(), dtype=torch.float32)
-            out[idx] = reduced
+            out = acc.new_zeros(numel)
+            out[start:start + size - wrap] = reduced[:size - wrap]
+            if wrap:
+                out[:wrap] = reduced[size - wrap:]
+            if self.error_feedback:
+                _commit_residual(ctx, acc, reduced)
             return out.to(grad.dtype).view_as(grad)
 
     # DEF: the wrapped optimizer steps the synchronized model x~; the worker then computes its
@@ -127,11 +194,3 @@ class RandomBlock(Compressor):
         res = state.get("residual")
         if res is not None and self.coeff:
             param.data.add_(res.view_as(param).to(param.dtype), alpha=-self.coeff * group["lr"])
-
-    def on_load(self, param: torch.Tensor, state: dict, group: dict) -> None:
-        # A checkpoint holds one worker's (perturbed) model; each worker's own x comes from x~ and its e.
-        if self.detached and "synced" in state:
-            param.data.copy_(state["synced"])
-            res = state.get("residual")
-            if res is not None and self.coeff:
-                param.data.add_(res.view_as(param).to(param.dtype), alpha=-self.coeff * group["lr"])
