@@ -202,6 +202,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._start(list(group))
         return hook
 
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """As Horovod's: change how many backward passes accumulate locally before a reduction."""
+        if passes < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+        self.backward_passes_per_step = passes
+        for p in self._delay:
+            self._delay[p] = passes
+
     def _note_once(self, key: str, message: str) -> None:
         if key not in self._notes:
             self._notes.add(key)
@@ -300,9 +308,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._driver is not None:
                 self._driver.submit(red)
         if plain:
-            # Horovod's grouped allreduce: one op for the group's plain gradients.
+            # Horovod's grouped allreduce: one op for the group's plain gradients. Like Horovod's, it
+            # leaves gradient_predivide_factor out (the same average, rounded once).
             ps, grads = zip(*plain)
-            red = Reduction(GroupedAllreduce(), list(grads), self._context(self._names[ps[0]], ps[0], slot))
+            ctx = self._context(self._names[ps[0]], ps[0], slot)
+            ctx.prescale_factor = ctx.postscale_factor = 1.0
+            red = Reduction(GroupedAllreduce(), list(grads), ctx)
             for i, p in enumerate(ps):
                 self._pending[p] = _Member(red, i)
             if self._driver is not None:
