@@ -6,8 +6,8 @@ gradient, so nothing is lost: sum of applied updates + residual = sum of raw gra
 * ``TopK``: each worker sends its own k largest entries of (gradient + residual), ranked by
   magnitude or, with ``importance=True``, by magnitude times (|w| + mean|w|) (importance-weighted
   pruning; the mean term lets zero-valued weights still be chosen). Positions differ between
-  workers, so values and indices travel by ``allgather`` (one int32 tensor: k indices, then the k
-  values' bits) and are summed locally in rank order: every worker gets the same result.
+  workers, so values and indices travel by ``allgather`` (one int32 tensor: the k values' bits, then
+  the k indices) and are summed locally in rank order: every worker gets the same result.
 * ``RandomBlock``: one contiguous block (wrapping around) of each tensor, its start drawn from a
   seed shared by all workers, so the values go through an ordinary allreduce. With
   ``detached=True`` this is DEF (Xu & Huang, ICML 2022): the optimizer updates a synchronized
@@ -20,10 +20,11 @@ float64 gradients; every tensor is made on the gradient's device, and no value i
 
 Non-finite values: when a worker's gradient + residual holds NaN/Inf, the entry it would have sent
 may not be among the selected ones, so the first value it sends is replaced by NaN (on the device, no
-host sync): every worker's result then holds a NaN. The new residual is kept only when the reduced
-result (identical on every worker) is finite; otherwise every worker keeps its residual from before
-the call (none stays none: zeros, which is the same). The block step counter of random_block still
-advances (identically on every worker).
+host sync): every worker's result then holds a NaN. A worker whose own gradient + residual was not
+finite keeps its residual from before the call; the others keep their unsent remainder as on any
+step, and the sent part is dropped with the skipped step. (The residual is stored while compressing,
+not when the reduction ends, so that with pipelining step t+1 reads step t's residual, in order.)
+The block step counter of random_block still advances (identically on every worker).
 
 ``hvd.join()`` (Horovod 0.28.1: a joined rank adds zeros to allreduces, Average divides by the full
 size; allgather is refused):
@@ -77,15 +78,15 @@ def _with_residual(grad: torch.Tensor, ctx: ReduceContext, error_feedback: bool)
     return acc
 
 
-def _poison_if_nonfinite(acc: torch.Tensor, sent: torch.Tensor) -> None:
-    """Replace ``sent[0]`` by NaN when ``acc`` holds NaN/Inf (no host sync)."""
+def _poison_if_nonfinite(ok: torch.Tensor, sent: torch.Tensor) -> None:
+    """Replace ``sent[0]`` by NaN unless ``ok`` (a 0-dim bool: the local input was finite); no host sync."""
     if sent.numel():
-        sent[:1].masked_fill_(~torch.isfinite(acc).all(), float("nan"))
+        sent[:1].masked_fill_(~ok, float("nan"))
 
 
-def _commit_residual(ctx: ReduceContext, new: torch.Tensor, reduced: torch.Tensor) -> None:
-    """Store ``new`` as the residual if ``reduced`` is finite, else keep the old one (no host sync)."""
-    ok = torch.isfinite(reduced).all()
+def _commit_residual(ctx: ReduceContext, new: torch.Tensor, ok: torch.Tensor) -> None:
+    """Store ``new`` as the residual if ``ok`` (this worker's gradient + residual was finite), else keep
+    the old one (no host sync). Done while compressing, so a pipelined next step reads it in order."""
     old = ctx.state.get("residual")
     if old is None:
         new.masked_fill_(~ok, 0.0)
@@ -113,22 +114,24 @@ class TopK(Compressor):
                 score = score * (w + w.mean())
             idx = torch.topk(score, k, sorted=False).indices
             vals = acc[idx]
-            _poison_if_nonfinite(acc, vals)
+            ok = torch.isfinite(acc).all()
+            _poison_if_nonfinite(ok, vals)
             if self.error_feedback:
                 acc[idx] = 0.0
-            payload = torch.cat([idx.to(torch.int32), vals.view(torch.int32)])
+                _commit_residual(ctx, acc, ok)
+            wk = vals.view(torch.int32).numel()           # k, or 2k for float64 values
+            payload = torch.cat([vals.view(torch.int32), idx.to(torch.int32)])
         try:
             gathered = yield ctx.comm.allgather(payload, name=ctx.op_name("topk"))
         except HorovodInternalError as err:
             reraise_collective_error(self.label, "allgather", err)
         with ctx.decompressing():
             gathered = gathered.view(n, payload.numel())
-            all_idx = gathered[:, :k].reshape(-1).to(torch.int64)
-            all_vals = gathered[:, k:].contiguous().view(acc.dtype).reshape(-1)
+            # values first: each row's values start at a multiple of the row length, aligned for float64
+            all_vals = gathered[:, :wk].reshape(-1).view(acc.dtype)
+            all_idx = gathered[:, wk:].reshape(-1).to(torch.int64)
             out = acc.new_zeros(numel)
             out.index_add_(0, all_idx, all_vals)
-            if self.error_feedback:
-                _commit_residual(ctx, acc, all_vals)
             return scale_for_op(out, ctx).to(grad.dtype).view_as(grad)
 
 
@@ -163,18 +166,18 @@ class RandomBlock(Compressor):
             wrap = max(0, start + size - numel)       # the block's part at the tensor's start
             head = acc[start:start + size - wrap]
             msg = torch.cat([head, acc[:wrap]]) if wrap else head.clone()
-            _poison_if_nonfinite(acc, msg)
+            ok = torch.isfinite(acc).all()
+            _poison_if_nonfinite(ok, msg)
             if self.error_feedback:
                 head.zero_()
                 acc[:wrap].zero_()
+                _commit_residual(ctx, acc, ok)
         reduced = yield ctx.comm.allreduce_(msg, name=ctx.op_name("block"), op=ctx.op)
         with ctx.decompressing():
             out = acc.new_zeros(numel)
             out[start:start + size - wrap] = reduced[:size - wrap]
             if wrap:
                 out[:wrap] = reduced[size - wrap:]
-            if self.error_feedback:
-                _commit_residual(ctx, acc, reduced)
             return out.to(grad.dtype).view_as(grad)
 
     # DEF: the wrapped optimizer steps the synchronized model x~; the worker then computes its
@@ -194,3 +197,11 @@ class RandomBlock(Compressor):
         res = state.get("residual")
         if res is not None and self.coeff:
             param.data.add_(res.view_as(param).to(param.dtype), alpha=-self.coeff * group["lr"])
+
+    def on_load(self, param: torch.Tensor, state: dict, group: dict) -> None:
+        # A checkpoint holds one worker's (perturbed) model; each worker's own x comes from x~ and its e.
+        if self.detached and "synced" in state:
+            param.data.copy_(state["synced"])
+            res = state.get("residual")
+            if res is not None and self.coeff:
+                param.data.add_(res.view_as(param).to(param.dtype), alpha=-self.coeff * group["lr"])
