@@ -27,7 +27,7 @@ def test_every_codec_allocates_on_the_gradients_device(basic):
     """With torch.set_default_device("meta"), a tensor made without a device would land on meta."""
     for rep in basic:
         cases = rep["meta"]
-        assert len(cases) == len(SPECS) * 4 * 3 + (len(SPECS) + 2) * 2
+        assert len(cases) == len(SPECS) * 4 * 3 + (len(SPECS) + 2) * 2 * 2
         for key, res in cases.items():
             spec, dtype, _ = key.split("|")
             if spec == "none" and dtype == "bfloat16":

@@ -20,11 +20,17 @@ float64 gradients; every tensor is made on the gradient's device, and no value i
 
 Non-finite values: when a worker's gradient + residual holds NaN/Inf, the entry it would have sent
 may not be among the selected ones, so the first value it sends is replaced by NaN (on the device, no
-host sync): every worker's result then holds a NaN. A worker whose own gradient + residual was not
-finite keeps its residual from before the call; the others keep their unsent remainder as on any
-step, and the sent part is dropped with the skipped step. (The residual is stored while compressing,
-not when the reduction ends, so that with pipelining step t+1 reads step t's residual, in order.)
-The block step counter of random_block still advances (identically on every worker).
+host sync): every worker's result then holds a NaN. The residual is stored while compressing, not
+when the reduction ends, so that with pipelining step t+1 reads step t's residual, in order; a worker
+whose own gradient + residual was not finite stores its residual from before the call. When the
+reduction ends with a non-finite result (identical on every worker, so the step is skipped
+everywhere), every worker puts its residual from before the call back, so the skipped step leaves
+the state as it was on every worker: exactly so unless a later reduction of the same tensor has
+already read the stored residual (pipelining), in which case only the worker with the non-finite
+input kept its old one and the others keep their unsent remainder (the sent part is dropped with the
+skipped step). Until the reduction ends, the residual from before the call stays referenced (one more
+residual-sized tensor per tensor in flight). The block step counter of random_block still advances
+(identically on every worker).
 
 ``hvd.join()`` (Horovod 0.28.1: a joined rank adds zeros to allreduces, Average divides by the full
 size; allgather is refused):
@@ -84,15 +90,31 @@ def _poison_if_nonfinite(ok: torch.Tensor, sent: torch.Tensor) -> None:
         sent[:1].masked_fill_(~ok, float("nan"))
 
 
-def _commit_residual(ctx: ReduceContext, new: torch.Tensor, ok: torch.Tensor) -> None:
+def _commit_residual(ctx: ReduceContext, new: torch.Tensor, ok: torch.Tensor):
     """Store ``new`` as the residual if ``ok`` (this worker's gradient + residual was finite), else keep
-    the old one (no host sync). Done while compressing, so a pipelined next step reads it in order."""
+    the old one (no host sync). Done while compressing, so a pipelined next step reads it in order.
+    Returns the residual from before the call (None if there was none), for :func:`_undo_if_skipped`."""
     old = ctx.state.get("residual")
     if old is None:
         new.masked_fill_(~ok, 0.0)
     else:
-        torch.where(ok, new, old.to(device=new.device, dtype=new.dtype), out=new)
+        old = old.to(device=new.device, dtype=new.dtype)
+        torch.where(ok, new, old, out=new)
     ctx.state["residual"] = new
+    return old
+
+
+def _undo_if_skipped(ctx: ReduceContext, stored: torch.Tensor, old, reduced: torch.Tensor) -> None:
+    """After the reduction: a non-finite ``reduced`` (the same on every worker) means the step is skipped
+    everywhere, so put the residual from before the call back (no host sync), unless a later
+    reduction of this tensor has replaced the stored one already (pipelining)."""
+    if ctx.state.get("residual") is not stored:
+        return
+    ok = torch.isfinite(reduced).all()
+    if old is None:
+        stored.masked_fill_(~ok, 0.0)
+    else:
+        torch.where(ok, stored, old, out=stored)
 
 
 class TopK(Compressor):
@@ -118,7 +140,7 @@ class TopK(Compressor):
             _poison_if_nonfinite(ok, vals)
             if self.error_feedback:
                 acc[idx] = 0.0
-                _commit_residual(ctx, acc, ok)
+                old = _commit_residual(ctx, acc, ok)
             wk = vals.view(torch.int32).numel()           # k, or 2k for float64 values
             payload = torch.cat([vals.view(torch.int32), idx.to(torch.int32)])
         try:
@@ -132,6 +154,8 @@ class TopK(Compressor):
             all_idx = gathered[:, wk:].reshape(-1).to(torch.int64)
             out = acc.new_zeros(numel)
             out.index_add_(0, all_idx, all_vals)
+            if self.error_feedback:
+                _undo_if_skipped(ctx, acc, old, all_vals)
             return scale_for_op(out, ctx).to(grad.dtype).view_as(grad)
 
 
@@ -171,13 +195,15 @@ class RandomBlock(Compressor):
             if self.error_feedback:
                 head.zero_()
                 acc[:wrap].zero_()
-                _commit_residual(ctx, acc, ok)
+                old = _commit_residual(ctx, acc, ok)
         reduced = yield ctx.comm.allreduce_(msg, name=ctx.op_name("block"), op=ctx.op)
         with ctx.decompressing():
             out = acc.new_zeros(numel)
             out[start:start + size - wrap] = reduced[:size - wrap]
             if wrap:
                 out[:wrap] = reduced[size - wrap:]
+            if self.error_feedback:
+                _undo_if_skipped(ctx, acc, old, reduced)
             return out.to(grad.dtype).view_as(grad)
 
     # DEF: the wrapped optimizer steps the synchronized model x~; the worker then computes its

@@ -144,9 +144,10 @@ def meta_checks():
     singles = [hvd.add_process_set([r]) for r in range(N)]
     mine = singles[R]
     for spec in SPECS + ["global_qsgd2", "global_qsgd2-tensor"]:
-        for shape in [(3001,), (7,)]:
-            out[f"single:{spec}|float32|{'x'.join(map(str, shape))}"] = meta_case(
-                spec, torch.float32, shape, process_set=mine, tag=".single")
+        for dname in ("float32", "float64"):
+            for shape in [(3001,), (7,)]:
+                out[f"single:{spec}|{dname}|{'x'.join(map(str, shape))}"] = meta_case(
+                    spec, DTYPES[dname], shape, process_set=mine, tag=".single")
     hvd.allreduce(torch.zeros(1), name="meta.singles.done")
     for ps in singles:
         hvd.remove_process_set(ps)
