@@ -70,7 +70,7 @@ else
   PIP="$VENV/bin/python -m pip"
   $PIP install -q --upgrade pip setuptools wheel packaging
   say "installing pinned packages (torch $TORCH_VERSION is large: a few minutes the first time)"
-  $PIP install -q -e "$ROOT[test]" || die "pip could not install the project's pinned packages (see pip's message above)." \
+  $PIP install -q -e "$ROOT[asr,bench,test]" || die "pip could not install the project's pinned packages (see pip's message above)." \
     "Check the network/package mirror, then run make setup again."
 
   # ------------------------------------------------------------ Horovod wheel (cached outside the clone)
