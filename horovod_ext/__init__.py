@@ -10,6 +10,7 @@
 """
 from .adaptive import Adaptive
 from .compression import Compression, Compressor, NonFiniteGradientError
+from . import elastic      # registers the hx optimizer's handler for hvd.elastic.TorchState
 from .optimizer import DistributedOptimizer
 from .reduction import allreduce
 from .stats import CommStats
