@@ -36,8 +36,16 @@ class Reduction:
             self.done = True
 
     def step(self) -> None:
-        """Wait for the current collective and run the codec up to its next one (or its end)."""
-        self._advance(Communicator.wait(self.handle))
+        """Wait for the current collective and run the codec up to its next one (or its end).
+
+        A collective's error (e.g. Horovod refusing an allgather while a rank has joined) is thrown
+        into the codec, which may translate it into one that names the codec."""
+        try:
+            value = Communicator.wait(self.handle)
+        except Exception as err:
+            self.gen.throw(err)
+            raise
+        self._advance(value)
 
 
 class Driver:

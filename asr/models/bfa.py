@@ -171,7 +171,9 @@ class BFA(nn.Module):
         self.ctc_head = nn.Linear(self.encoder.out_dim, config.vocab_size + 1) if config.ctc_weight > 0 else None
 
     def encode(self, feats, feat_lengths):
-        return self.encoder(feats, feat_lengths)
+        # Lengths follow the features to their device (the loader makes them on the CPU); packing
+        # takes its own CPU copy.
+        return self.encoder(feats, feat_lengths.to(feats.device))
 
     def forward(self, feats, feat_lengths, tokens, token_lengths):
         """Returns (loss, stats). tokens: [B, L] word pieces padded with -1; token_lengths: [B]."""
@@ -183,7 +185,7 @@ class BFA(nn.Module):
         tokens0 = tokens.masked_fill(~valid, c.eos)
         targets_in = torch.cat([eos, tokens0], dim=1)                          # eos y1 .. yL
         targets_out = torch.cat([tokens, torch.full_like(eos, -1)], dim=1)     # y1 .. yL eos
-        targets_out[torch.arange(B), token_lengths] = c.eos
+        targets_out[torch.arange(B, device=tokens.device), token_lengths] = c.eos
         logits = self.decoder(enc, enc_lengths, targets_in)
         att_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets_out.reshape(-1),
                                    ignore_index=-1, label_smoothing=c.label_smoothing)
