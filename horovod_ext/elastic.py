@@ -42,14 +42,11 @@ survivors still owe is carried on exactly.
 from __future__ import annotations
 
 import copy
-import time
-import warnings
 
 import torch
 import horovod.torch as hvd
 from horovod.torch.elastic import state as _hvd_state
 
-from . import state as codec_state_io
 
 ABANDON_TIMEOUT_S = 60.0
 # What this process's handlers did (for logs and tests): commits restored, reductions in flight
@@ -66,82 +63,13 @@ class HxOptimizer(metaclass=_HxOptimizerType):
     """``isinstance(opt, HxOptimizer)``: whether ``opt`` is an ``hx.DistributedOptimizer``."""
 
 
-def abandon_reductions(opt, timeout: float = ABANDON_TIMEOUT_S) -> tuple[int, int]:
-    """Drop the reductions ``opt`` has in flight so that none issues another collective; return
-    (dropped, unfinished): how many there were and how many had not ended yet.
-
-    Closes each unfinished reduction's codec generator (so it can never start another phase) and
-    waits, at most ``timeout`` seconds, for the driver thread to see its current Horovod handle end
-    (after a lost worker Horovod fails them all). Then forgets them all."""
-    from .optimizer import _Done
-    entries = {**opt._pending, **opt._inflight}
-    dropped = [r for r in opt._reductions(entries) if not isinstance(r, _Done)]
-    reds = [r for r in dropped if not r.done]
-    for red in reds:
-        deadline = time.monotonic() + 5.0
-        while True:
-            try:
-                red.gen.close()
-                break
-            except ValueError:             # the driver thread is inside this generator right now
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.001)
-    driver = opt._driver
-    if driver is not None and reds:
-        with driver._cond:
-            finished = driver._cond.wait_for(lambda: all(r.done for r in reds), timeout)
-        if not finished:
-            warnings.warn(f"horovod_ext: {sum(not r.done for r in reds)} abandoned reduction(s) still wait on "
-                          f"Horovod after {timeout:.0f} s; their generators are closed, so they issue no "
-                          f"further collectives", stacklevel=2)
-    opt._pending.clear()
-    opt._inflight.clear()
-    opt._ready.clear()
-    return len(dropped), len(reds)
-
-
-def replicated_state(opt) -> dict:
-    """What every worker must agree on (taken from rank 0 at ``sync``): see the module docstring."""
-    inflight = {}
-    if opt._inflight:
-        opt._wait(opt._inflight)
-        inflight = {opt._names[p]: e.result.detach().clone() for p, e in opt._inflight.items()}
-    per_worker = set(codec_state_io.PER_WORKER_AVERAGED) | set(codec_state_io.PER_WORKER_FRESH)
-    codec = {name: {k: v for k, v in st.items() if k not in per_worker}
-             for name, st in codec_state_io.save_codec_states(opt._codec_state).items()}
-    return {"steps": opt._steps_taken, "adaptive": {"decided": opt.adaptive.decided, "compress": opt.adaptive.compress},
-            "inflight": inflight, "codec": codec}
-
-
-def load_replicated_state(opt, rep: dict) -> None:
-    """Install rank 0's :func:`replicated_state`; this worker's residuals and RNGs stay."""
-    from .optimizer import _Done
-    devices = {name: p.device for p, name in opt._names.items()}
-    loaded = codec_state_io.load_codec_states(rep["codec"], devices)
-    for name, entries in loaded.items():
-        opt._codec_state[name].update(entries)
-    opt._steps_taken = int(rep["steps"])
-    opt.adaptive.decided = bool(rep["adaptive"]["decided"])
-    opt.adaptive.compress = bool(rep["adaptive"]["compress"])
-    by_name = {name: p for p, name in opt._names.items()}
-    opt._inflight.clear()
-    for name, result in rep["inflight"].items():
-        p = by_name[name]
-        opt._inflight[p] = _Done(opt._context(name, p, None), result.to(p.device))
-    with torch.no_grad():
-        for p, name in opt._names.items():
-            opt._compression.on_load(p, opt._codec_state[name], opt._group_of[p])
-    opt._checked_world = None
-
-
 class OptimizerStateHandler(_hvd_state.OptimizerStateHandler):
     """Horovod's optimizer handler for ``hvd.elastic.TorchState``, made right for hx optimizers
     (and for the aliasing of restored tensors): see the module docstring."""
 
     def restore(self):
         opt = self.value
-        dropped, unfinished = abandon_reductions(opt)
+        dropped, unfinished = opt._rounds.abandon(ABANDON_TIMEOUT_S)
         stats["dropped"] += dropped
         stats["unfinished"] += unfinished
         stats["restores"] += 1
@@ -165,9 +93,9 @@ class OptimizerStateHandler(_hvd_state.OptimizerStateHandler):
                     p.copy_(b)
             for p, g in zip(params, grads):
                 p.grad = g
-        rep = replicated_state(opt) if hvd.rank() == 0 else None
+        rep = opt._replicated_state() if hvd.rank() == 0 else None
         rep = hvd.broadcast_object(rep, root_rank=0, name="hx.elastic.sync")
-        load_replicated_state(opt, rep)
+        opt._load_replicated(rep, codec=rep["codec"])
         opt._compression.validate(opt.process_set.size(), opt.op)
         stats["syncs"] += 1
 

@@ -32,8 +32,6 @@ gradient still in flight is reused.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import warnings
 from contextlib import contextmanager
 
@@ -45,31 +43,11 @@ from .adaptive import Adaptive
 from .communicator import Communicator, allgather_object
 from .compression import Compression, Compressor, NonFiniteGradientError, ReduceContext
 from .compression.horovod_compat import GroupedAllreduce, SparseAllgather, as_codec
-from .reduction import Driver, Reduction, complete
-from .stats import CommStats
+from .consistency import check_workers_agree
+from .reduction import Done, Driver, Member, Reduction, Rounds
+from .stats import Ledger
 
 NONFINITE_POLICIES = ("raise", "skip")
-
-
-class _Done:
-    """A finished reduction restored from a checkpoint (a pipelined gradient that was in flight)."""
-    __slots__ = ("ctx", "result", "done", "error", "finite")
-
-    def __init__(self, ctx: ReduceContext, result: torch.Tensor):
-        self.ctx, self.result, self.done, self.error = ctx, result, True, None
-        self.finite = torch.isfinite(result).all() if result.dtype.is_floating_point else torch.tensor(True)
-
-
-class _Member:
-    """One gradient's share of a grouped reduction."""
-    __slots__ = ("red", "index")
-
-    def __init__(self, red: Reduction, index: int):
-        self.red, self.index = red, index
-
-    @property
-    def result(self):
-        return self.red.result[self.index]
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -83,7 +61,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        nonfinite = nonfinite if nonfinite is not None else getattr(codec, "nonfinite", "raise")
+        nonfinite = nonfinite or codec.nonfinite or "raise"
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
         self._compression = codec
@@ -102,19 +80,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._names = self._check_names(named_parameters)
         codec.validate(process_set.size(), op)
 
-        self._step_stats = CommStats()
-        self._total_stats = CommStats()
-        self._last_stats = CommStats()
-        self._codec_stats = CommStats()    # steps after the warm-up: what the adaptive cost rule measures
-        self._comm = Communicator(process_set, self._step_stats)
-        self._driver = Driver() if (overlap or pipeline) else None
+        self._ledger = Ledger()
+        self._comm = Communicator(process_set, self._ledger.step)
+        self._rounds = Rounds(Driver() if (overlap or pipeline) else None)
         self._codec_state: dict[str, dict] = {name: {} for name in self._names.values()}
         self._group_of = {p: g for g in self.param_groups for p in g["params"]}
-        self._pending: dict = {}          # started during the current backward: param -> reduction
-        self._inflight: dict = {}         # pipeline: last round's, applied next round
-        self._steps_taken = 0             # rounds: synchronize() calls that consumed a backward
-        self._ready: dict = {}            # written into p.grad by the last synchronize(), not yet applied
-        self._ready_nonfinite: list[str] = []
         self._delay = {p: backward_passes_per_step for p in self._names}
         self._requires_update = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         self._synchronized = False
@@ -186,7 +156,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(param):
-            if p in self._pending:
+            if p in self._rounds.pending:
                 raise AssertionError("gradients were computed more than backward_passes_per_step times before "
                                      "step(); increase backward_passes_per_step to accumulate gradients locally")
             self._delay[p] -= 1
@@ -229,26 +199,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Once per worker count, before the first reduction: every worker must reduce the same
         tensors with the same settings, or Horovod would wait forever for ops that never come."""
         size = self.process_set.size()
-        if self._checked_world == size:
-            return
-        self._checked_world = size
-        if size == 1:
-            return
-        desc = self._describe()
-        digest = int.from_bytes(hashlib.sha256(json.dumps(desc).encode()).digest()[:7], "big")
-        mine = torch.tensor([digest], dtype=torch.int64)
-        digests = hvd.allgather(mine, name="hx.check.digest", process_set=self.process_set)
-        if bool((digests == digests[0]).all()):
-            return
-        descs = allgather_object(desc, "hx.check.describe", self.process_set)
-        raise ValueError("hx.DistributedOptimizer: the workers disagree; every worker must build the same model "
-                         "and optimizer settings. " + _first_difference(descs))
+        if self._checked_world != size:
+            self._checked_world = size
+            check_workers_agree(self._describe(), self.process_set)
 
     # ------------------------------------------------------------------ reduction
     @property
+    def _steps_taken(self) -> int:
+        """Rounds so far: ``synchronize()`` calls, whether or not their step was applied."""
+        return self._rounds.count
+
+    @property
     def warming_up(self) -> bool:
         """True during the first ``warmup_steps`` steps (plain synchronous fp32 reductions)."""
-        return self._steps_taken < self.warmup_steps
+        return self._rounds.count < self.warmup_steps
 
     @property
     def _pipelining(self) -> bool:
@@ -284,29 +248,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self.warming_up:
             return Compression.none, grad
         if not self.adaptive.uses_codec(grad.numel()):
-            if "residual" in state:      # compression was switched off: send what error feedback held back
-                grad = grad + state.pop("residual").view_as(grad).to(grad.dtype)
+            held = self._compression.release(state)     # sent uncompressed: add what error feedback held back
+            if held is not None:
+                grad = grad + held.view_as(grad).to(grad.dtype)
             return Compression.none, grad
-        self._step_stats.compressed_elements += grad.numel()
+        self._ledger.step.compressed_elements += grad.numel()
         return self._compression, grad
 
     def _start(self, params: list) -> None:
         self._check_ranks()
-        slot = self._steps_taken % 2 if self._pipelining else None
-        plain = []
+        slot = self._rounds.slot(self._pipelining)
+        started, plain = {}, []
         for p in params:
             name = self._names[p]
             grad = self._gradient(p)
             codec, grad = self._codec_for(p, grad, self._codec_state[name])
-            self._step_stats.gradient_elements += grad.numel()
+            self._ledger.step.gradient_elements += grad.numel()
             self._delay[p] = self.backward_passes_per_step
             if len(params) > 1 and codec is Compression.none:
                 plain.append((p, grad))
-                continue
-            red = Reduction(codec, grad, self._context(name, p, slot))
-            self._pending[p] = red
-            if self._driver is not None:
-                self._driver.submit(red)
+            else:
+                started[p] = Reduction(codec, grad, self._context(name, p, slot))
         if plain:
             # Horovod's grouped allreduce: one op for the group's plain gradients. Like Horovod's, it
             # leaves gradient_predivide_factor out (the same average, rounded once).
@@ -314,47 +276,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             ctx = self._context(self._names[ps[0]], ps[0], slot)
             ctx.prescale_factor = ctx.postscale_factor = 1.0
             red = Reduction(GroupedAllreduce(), list(grads), ctx)
-            for i, p in enumerate(ps):
-                self._pending[p] = _Member(red, i)
-            if self._driver is not None:
-                self._driver.submit(red)
+            started.update({p: Member(red, i) for i, p in enumerate(ps)})
         elif len(params) > 1:
             self._note_once("groups", f"groups= orders the reductions of {self._compression.label!r}, which "
                             f"reduces each tensor itself; only plain allreduces are grouped into one Horovod op")
-
-    @staticmethod
-    def _reductions(entries: dict) -> list:
-        """The distinct reductions behind ``entries`` (a grouped reduction serves several params)."""
-        seen, out = set(), []
-        for e in entries.values():
-            red = e.red if isinstance(e, _Member) else e
-            if id(red) not in seen:
-                seen.add(id(red))
-                out.append(red)
-        return out
-
-    def _wait(self, entries: dict) -> None:
-        reds = [r for r in self._reductions(entries) if not isinstance(r, _Done)]
-        with self._step_stats.timing("wait_s"):
-            if self._driver is not None:
-                self._driver.wait(reds)
-            else:
-                complete(reds)
+        self._rounds.start(started)
 
     def _start_missing(self) -> None:
         for p in self._requires_update:
-            if p not in self._pending:
+            if p not in self._rounds.pending:
                 self._start([p])
-
-    def _nonfinite_names(self, entries: dict) -> list[str]:
-        """Names of reduced gradients holding NaN/Inf: one host sync for the whole step."""
-        reds = self._reductions(entries)
-        if not reds:
-            return []
-        flags = [r.finite for r in reds]
-        if bool(torch.stack([f.to(flags[0].device) for f in flags]).all()):
-            return []
-        return [r.ctx.name for r in reds if not bool(r.finite)]
 
     def _write_grads(self, entries: dict) -> None:
         """Copy reduced gradients into ``p.grad`` (sparse ones as Horovod does)."""
@@ -381,14 +312,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._group_ready[g] = 0
         # The first pipelined step (step 0, or the first after the warm-up) keeps its gradients in
         # flight and applies nothing: every gradient is applied exactly once, one step late.
-        if self._pipelining and self._steps_taken > 0:
-            ready, self._inflight, self._pending = self._inflight, self._pending, {}
-        else:
-            ready, self._pending = self._pending, {}
-        self._wait(ready)
+        ready = self._rounds.end(self._pipelining)
+        self._rounds.wait(ready, self._ledger.step)
         self._write_grads(ready)
-        self._ready_nonfinite = self._nonfinite_names(ready)
-        self._ready = ready
+        self._rounds.ready, self._rounds.ready_nonfinite = ready, self._rounds.nonfinite_names(ready)
         self._synchronized = True
         self._end_round()
 
@@ -410,16 +337,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         if not self.process_set.included():
             return super(self.__class__, self).step(closure)
-        ready, self._ready = self._ready, {}
+        ready, self._rounds.ready = self._rounds.ready, {}
         if not ready:
             return None          # pipelined step 1: step 0's gradients were applied synchronously
         return self._apply(ready, closure)
 
     def _apply(self, ready: dict, closure=None):
-        names, self._ready_nonfinite = self._ready_nonfinite, []
+        names, self._rounds.ready_nonfinite = self._rounds.ready_nonfinite, []
         if names:
-            self._total_stats.skipped_steps += 1
-            self._last_stats.skipped_steps += 1
+            self._ledger.skipped()
             if self.nonfinite == "raise":
                 raise NonFiniteGradientError(
                     f"non-finite gradient (NaN or Inf) on at least one worker in {len(names)} tensor(s), "
@@ -434,15 +360,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return loss
 
     def _end_round(self) -> None:
-        self._steps_taken += 1
-        self._end_step_stats()
+        self._ledger.end_step(count_step=True, measured=self._rounds.count > self.warmup_steps)
         if (self.adaptive.enabled and not self.adaptive.decided
-                and self._steps_taken >= self.warmup_steps + self.adaptive.measure_steps):
+                and self._rounds.count >= self.warmup_steps + self.adaptive.measure_steps):
             self._decide_adaptive()
 
     def _decide_adaptive(self) -> None:
         """Agree on the codec's cost per element (the slowest worker's) and apply the cost rule."""
-        st = self._codec_stats
+        st = self._ledger.measured
         local = (st.compress_s + st.decompress_s) / max(st.compressed_elements, 1)
         agreed = float(hvd.allreduce(torch.tensor([local], dtype=torch.float64), name="hx.adaptive.cost",
                                      op=hvd.Max, process_set=self.process_set)[0])
@@ -453,50 +378,44 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         Call at epoch end, before evaluating, so no gradient is lost. The gradients of the current
         backward (if step() was not called yet) are left alone."""
-        if not self.pipeline or not self._inflight:
+        if not self.pipeline or not self._rounds.inflight:
             return None
-        ready, self._inflight = self._inflight, {}
+        ready = self._rounds.take_inflight()
         saved = {p: p.grad for p in self._requires_update}
         for p in ready:
             p.grad = torch.zeros_like(p)
         try:
-            self._wait(ready)
+            self._rounds.wait(ready, self._ledger.step)
             self._write_grads(ready)
-            self._ready_nonfinite = self._nonfinite_names(ready)
+            self._rounds.ready_nonfinite = self._rounds.nonfinite_names(ready)
             return self._apply(ready)
         finally:
             for p, g in saved.items():
                 p.grad = g
-            self._end_step_stats(count_step=False)
-
-    def _end_step_stats(self, count_step: bool = True) -> None:
-        self._step_stats.steps = 1 if count_step else 0
-        self._last_stats = CommStats(**vars(self._step_stats))
-        self._total_stats.add(self._step_stats)
-        if self._steps_taken > self.warmup_steps or not count_step:
-            self._codec_stats.add(self._step_stats)
-        for k, v in vars(CommStats()).items():
-            setattr(self._step_stats, k, v)
+            self._ledger.end_step(count_step=False, measured=True)
 
     def zero_grad(self, set_to_none: bool = True):
-        if self._pending and not self._pipelining:
+        if self._rounds.pending and not self._pipelining:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(); that would drop gradients "
                                  "whose reduction is in flight")
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
     # ------------------------------------------------------------------ state
-    def _hx_state(self) -> dict:
-        """This worker's share of the state (see :mod:`horovod_ext.state`). Pipelined gradients still
-        in flight are waited for and carried as reduced results, so a resume applies them next step."""
-        inflight = {}
-        if self._inflight:
-            self._wait(self._inflight)
-            inflight = {self._names[p]: e.result.detach().clone() for p, e in self._inflight.items()}
-        return {"format": codec_state_io.FORMAT, "rank": self.process_set.rank(), "world_size": self.process_set.size(),
-                "compression": self._compression.label, "steps": self._steps_taken,
+    def _replicated_state(self) -> dict:
+        """What every worker agrees on (see :mod:`horovod_ext.state`): the round counter (pipeline
+        slot, warm-up), the adaptive decision, pipelined gradients in flight (waited for and kept as
+        reduced results, so a resume applies them next step), the codec's replicated entries."""
+        return {"format": codec_state_io.FORMAT, "compression": self._compression.label, "steps": self._rounds.count,
                 "adaptive": {"decided": self.adaptive.decided, "compress": self.adaptive.compress},
-                "codec": codec_state_io.save_codec_states(self._codec_state), "inflight": inflight}
+                "inflight": self._rounds.carried(self._names, self._ledger.step),
+                "codec": codec_state_io.replicated(self._compression,
+                                                   codec_state_io.save_codec_states(self._codec_state))}
+
+    def _hx_state(self) -> dict:
+        """This worker's share of the state: the replicated part and its own codec state."""
+        return {**self._replicated_state(), "rank": self.process_set.rank(), "world_size": self.process_set.size(),
+                "codec": codec_state_io.save_codec_states(self._codec_state)}
 
     def state_dict(self):
         """The wrapped optimizer's state plus this worker's codec state under ``"horovod_ext"``
@@ -526,10 +445,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Load the model first: a codec may re-derive this worker's parameters (DEF)."""
         state_dict = dict(state_dict)
         hx_state = state_dict.pop("horovod_ext", None)
-        self._pending.clear()
-        self._inflight.clear()
-        self._ready.clear()
-        self._ready_nonfinite = []
+        self._reset_rounds()
+        super(self.__class__, self).load_state_dict(state_dict)
+        if hx_state is not None:
+            self._load_hx_state(hx_state)
+
+    def _reset_rounds(self) -> None:
+        self._rounds.clear()
         self._synchronized = False
         self._should_synchronize = True
         self._checked_world = None
@@ -537,70 +459,57 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._delay[p] = self.backward_passes_per_step
         for g in self._group_ready:
             self._group_ready[g] = 0
-        super(self.__class__, self).load_state_dict(state_dict)
-        if hx_state is not None:
-            self._load_hx_state(hx_state)
 
     def _load_hx_state(self, hx_state: dict) -> None:
         rank, size = self.process_set.rank(), self.process_set.size()
         if hx_state.get("format") != codec_state_io.FORMAT:
             raise ValueError(f"horovod_ext state has format {hx_state.get('format')!r}; this version reads "
                              f"{codec_state_io.FORMAT}")
-        if "ranks" in hx_state:
-            per_rank = hx_state["ranks"]
-            mine = per_rank[rank] if hx_state["world_size"] == size else None
-        else:
-            per_rank = [hx_state]
-            mine = hx_state if hx_state["world_size"] == size else None
-        devices = {name: p.device for p, name in self._names.items()}
+        per_rank = hx_state["ranks"] if "ranks" in hx_state else [hx_state]
+        mine = None
+        if hx_state["world_size"] == size:
+            mine = per_rank[rank] if "ranks" in hx_state else hx_state
         if mine is not None:
             saved = mine["codec"]
         else:
-            saved = codec_state_io.reshard([r["codec"] for r in per_rank], hx_state["world_size"], size)
+            saved = codec_state_io.reshard(self._compression, [r["codec"] for r in per_rank],
+                                           hx_state["world_size"], size)
+        devices = {name: p.device for p, name in self._names.items()}
         self._codec_state = codec_state_io.load_codec_states(saved, devices)
+        ref = mine if mine is not None else per_rank[0]
+        self._load_replicated(ref, codec=None, inflight=mine is not None)
+
+    def _load_replicated(self, rep: dict, codec: dict | None, inflight: bool = True) -> None:
+        """Install the replicated part of a state (``codec``: replicated codec entries to merge into
+        this worker's own), then let the codec re-derive per-worker parameters (DEF)."""
+        if codec is not None:
+            devices = {name: p.device for p, name in self._names.items()}
+            for name, entries in codec_state_io.load_codec_states(codec, devices).items():
+                self._codec_state[name].update(entries)
+        self._rounds.count = int(rep["steps"])
+        self.adaptive.decided = bool(rep["adaptive"]["decided"])
+        self.adaptive.compress = bool(rep["adaptive"]["compress"])
+        self._rounds.inflight.clear()
+        if inflight:
+            by_name = {name: p for p, name in self._names.items()}
+            for name, result in rep.get("inflight", {}).items():
+                p = by_name[name]
+                self._rounds.inflight[p] = Done(self._context(name, p, None), result.to(p.device))
         with torch.no_grad():
             for p, name in self._names.items():
                 self._compression.on_load(p, self._codec_state[name], self._group_of[p])
-        ref = mine if mine is not None else per_rank[0]
-        self._steps_taken = int(ref["steps"])
-        self.adaptive.decided = bool(ref["adaptive"]["decided"])
-        self.adaptive.compress = bool(ref["adaptive"]["compress"])
-        if ref.get("inflight") and mine is not None:
-            by_name = {name: p for p, name in self._names.items()}
-            for name, result in ref["inflight"].items():
-                p = by_name[name]
-                self._inflight[p] = _Done(self._context(name, p, None), result.to(p.device))
+        self._checked_world = None
 
     # ------------------------------------------------------------------ reporting
     def comm_stats(self) -> dict:
         """Communication cost: ``last`` step and ``total`` over all steps (see :class:`CommStats`)."""
         return {"compression": self._compression.label, "workers": self.process_set.size(),
                 "pipeline": self.pipeline, "nonfinite": self.nonfinite, "adaptive": self.adaptive.as_dict(),
-                "last": self._last_stats.as_dict(), "total": self._total_stats.as_dict()}
+                "last": self._ledger.last.as_dict(), "total": self._ledger.total.as_dict()}
 
     def codec_state(self, name: str) -> dict:
         """The codec's persistent state for one parameter name (e.g. its error-feedback residual)."""
         return self._codec_state[name]
-
-
-def _first_difference(descs: list[dict]) -> str:
-    ref = descs[0]
-    for rank, d in enumerate(descs[1:], start=1):
-        for key in ref:
-            if d.get(key) == ref[key]:
-                continue
-            if key == "parameters":
-                a = {n: (s, t) for n, s, t in ref[key]}
-                b = {n: (s, t) for n, s, t in d[key]}
-                only0, only_r = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-                if only0 or only_r:
-                    return (f"Parameter names differ: only on rank 0: {only0[:5]}, only on rank {rank}: {only_r[:5]}")
-                diff = [n for n in a if a[n] != b[n]]
-                n = diff[0]
-                return (f"Parameter {n!r} has shape/dtype {a[n][0]} {a[n][1]} on rank 0 but {b[n][0]} {b[n][1]} "
-                        f"on rank {rank} ({len(diff)} parameter(s) differ)")
-            return f"Setting {key!r} is {ref[key]!r} on rank 0 but {d.get(key)!r} on rank {rank}"
-    return "The workers' descriptions differ"
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,

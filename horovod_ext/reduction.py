@@ -1,10 +1,13 @@
 """Driving codec generators: one reduction in flight, a phase-by-phase scheduler, a background
-driver that advances reductions while the training thread computes, and ``hx.allreduce``
-(a compressed allreduce of one tensor, outside any optimizer)."""
+driver that advances reductions while the training thread computes, the rounds of an optimizer's
+reductions (pending, pipelined in flight, ready), and ``hx.allreduce`` (a compressed allreduce of
+one tensor, outside any optimizer)."""
 from __future__ import annotations
 
 import collections
 import threading
+import time
+import warnings
 
 import horovod.torch as hvd
 import torch
@@ -113,6 +116,138 @@ def complete(reductions) -> None:
         for red in active:
             red.step()
         active = [r for r in active if not r.done]
+
+
+class Done:
+    """A finished reduction restored from a checkpoint (a pipelined gradient that was in flight)."""
+    __slots__ = ("ctx", "result", "done", "error", "finite")
+
+    def __init__(self, ctx: ReduceContext, result: torch.Tensor):
+        self.ctx, self.result, self.done, self.error = ctx, result, True, None
+        self.finite = all_finite(result)
+
+
+class Member:
+    """One gradient's share of a grouped reduction."""
+    __slots__ = ("red", "index")
+
+    def __init__(self, red: Reduction, index: int):
+        self.red, self.index = red, index
+
+    @property
+    def result(self):
+        return self.red.result[self.index]
+
+
+def distinct(entries: dict) -> list:
+    """The distinct reductions behind ``entries`` (param -> reduction; a grouped one serves several)."""
+    seen, out = set(), []
+    for e in entries.values():
+        red = e.red if isinstance(e, Member) else e
+        if id(red) not in seen:
+            seen.add(id(red))
+            out.append(red)
+    return out
+
+
+class Rounds:
+    """An optimizer's reductions, round by round (a round ends at each ``synchronize()``).
+
+    ``pending``: started during the current backward; ``inflight``: with pipelining, last round's,
+    still on the wire, applied at the next round; ``ready``: written into the gradients by the last
+    round, not yet applied. ``count`` (rounds so far) gives the pipeline slot, so two rounds in
+    flight use distinct Horovod op names, whether or not the step of a round was applied."""
+
+    def __init__(self, driver: "Driver | None"):
+        self.driver = driver
+        self.pending: dict = {}
+        self.inflight: dict = {}
+        self.ready: dict = {}
+        self.ready_nonfinite: list[str] = []
+        self.count = 0
+
+    def slot(self, pipelining: bool) -> int | None:
+        return self.count % 2 if pipelining else None
+
+    def start(self, entries: dict) -> None:
+        """Add this backward's reductions (param -> Reduction or Member) and hand them to the driver."""
+        self.pending.update(entries)
+        if self.driver is not None:
+            for red in distinct(entries):
+                self.driver.submit(red)
+
+    def end(self, pipelining: bool) -> dict:
+        """End the round; return what it applies. Pipelined (after the first round), last round's
+        reductions, while this round's stay in flight."""
+        if pipelining and self.count > 0:
+            out, self.inflight, self.pending = self.inflight, self.pending, {}
+        else:
+            out, self.pending = self.pending, {}
+        self.count += 1
+        return out
+
+    def take_inflight(self) -> dict:
+        out, self.inflight = self.inflight, {}
+        return out
+
+    def wait(self, entries: dict, stats) -> None:
+        reds = [r for r in distinct(entries) if not isinstance(r, Done)]
+        with stats.timing("wait_s"):
+            if self.driver is not None:
+                self.driver.wait(reds)
+            else:
+                complete(reds)
+
+    @staticmethod
+    def nonfinite_names(entries: dict) -> list[str]:
+        """Names of reduced gradients holding NaN/Inf: one host sync for the whole round."""
+        reds = distinct(entries)
+        if not reds:
+            return []
+        flags = [r.finite for r in reds]
+        if bool(torch.stack([f.to(flags[0].device) for f in flags]).all()):
+            return []
+        return [r.ctx.name for r in reds if not bool(r.finite)]
+
+    def carried(self, names: dict, stats) -> dict:
+        """The pipelined gradients in flight, waited for: {name: reduced tensor} (for checkpoints)."""
+        if not self.inflight:
+            return {}
+        self.wait(self.inflight, stats)
+        return {names[p]: e.result.detach().clone() for p, e in self.inflight.items()}
+
+    def clear(self) -> None:
+        self.pending.clear()
+        self.inflight.clear()
+        self.ready.clear()
+        self.ready_nonfinite = []
+
+    def abandon(self, timeout: float) -> tuple[int, int]:
+        """Drop every reduction (after a lost worker) so that none issues another collective; return
+        (dropped, unfinished). Closes each unfinished codec generator, so it can never start another
+        phase (after Horovod re-initialises, such an op would meet the new round's ops under the same
+        name), and gives the driver up to ``timeout`` seconds to see its Horovod handle fail."""
+        dropped = [r for r in distinct({**self.pending, **self.inflight}) if not isinstance(r, Done)]
+        unfinished = [r for r in dropped if not r.done]
+        for red in unfinished:
+            deadline = time.monotonic() + 5.0
+            while True:
+                try:
+                    red.gen.close()
+                    break
+                except ValueError:         # the driver thread is inside this generator right now
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.001)
+        if self.driver is not None and unfinished:
+            with self.driver._cond:
+                finished = self.driver._cond.wait_for(lambda: all(r.done for r in unfinished), timeout)
+            if not finished:
+                warnings.warn(f"horovod_ext: {sum(not r.done for r in unfinished)} abandoned reduction(s) still wait "
+                              f"on Horovod after {timeout:.0f} s; their generators are closed, so they issue no "
+                              f"further collectives", stacklevel=3)
+        self.clear()
+        return len(dropped), len(unfinished)
 
 
 _functional_comms: dict = {}

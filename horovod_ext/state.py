@@ -23,8 +23,6 @@ import warnings
 import torch
 
 FORMAT = 1
-PER_WORKER_AVERAGED = ("residual",)     # summed over workers by the update they still owe
-PER_WORKER_FRESH = ("rng",)             # worker-specific, re-seeded when the worker count changes
 
 
 def _to_saved(value, where: str):
@@ -66,7 +64,14 @@ def load_codec_states(saved: dict[str, dict], devices: dict[str, torch.device]) 
     return {name: {k: _from_saved(v, devices[name]) for k, v in saved.get(name, {}).items()} for name in devices}
 
 
-def reshard(per_rank: list[dict[str, dict]], old_size: int, new_size: int) -> dict[str, dict]:
+def replicated(codec, saved: dict[str, dict]) -> dict[str, dict]:
+    """The entries of saved codec state that are the same on every worker (the codec declares the
+    per-worker ones: ``per_worker_averaged``, ``per_worker_fresh``)."""
+    per_worker = set(codec.per_worker_averaged) | set(codec.per_worker_fresh)
+    return {name: {k: v for k, v in st.items() if k not in per_worker} for name, st in saved.items()}
+
+
+def reshard(codec, per_rank: list[dict[str, dict]], old_size: int, new_size: int) -> dict[str, dict]:
     """One new worker's saved codec state from every old worker's (see the module docstring)."""
     warnings.warn(f"horovod_ext: loading codec state written by {old_size} workers into {new_size}: every worker "
                   f"takes the mean error-feedback residual of the old workers (the update still owed is kept "
@@ -75,9 +80,9 @@ def reshard(per_rank: list[dict[str, dict]], old_size: int, new_size: int) -> di
     for name in per_rank[0]:
         merged = {}
         for key, value in per_rank[0][name].items():
-            if key in PER_WORKER_FRESH:
+            if key in codec.per_worker_fresh:
                 continue
-            if key in PER_WORKER_AVERAGED and isinstance(value, torch.Tensor):
+            if key in codec.per_worker_averaged and isinstance(value, torch.Tensor):
                 total = torch.zeros_like(value, dtype=torch.float64)
                 for st in per_rank:
                     total += st[name][key].to(torch.float64)

@@ -62,3 +62,27 @@ class CommStats:
             yield
         finally:
             setattr(self, field, getattr(self, field) + time.perf_counter() - t0)
+
+
+class Ledger:
+    """One optimizer's counters, kept in one place: the step in progress (``step``, which the
+    communicator and the codecs add to), the last finished step, the whole run, and the steps after
+    the warm-up (``measured``: what the adaptive cost rule looks at)."""
+
+    def __init__(self):
+        self.step, self.last, self.total, self.measured = CommStats(), CommStats(), CommStats(), CommStats()
+
+    def end_step(self, count_step: bool, measured: bool) -> None:
+        """Close the step in progress: ``count_step`` False for a flush (work, but not a step)."""
+        self.step.steps = 1 if count_step else 0
+        self.last = dataclasses.replace(self.step)
+        self.total.add(self.step)
+        if measured:
+            self.measured.add(self.step)
+        for f in dataclasses.fields(CommStats):      # in place: the communicator holds this object
+            setattr(self.step, f.name, f.default)
+
+    def skipped(self) -> None:
+        """A step whose averaged gradient was not finite, skipped (or raised) on every worker."""
+        self.total.skipped_steps += 1
+        self.last.skipped_steps += 1

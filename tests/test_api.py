@@ -18,12 +18,37 @@ def test_from_spec_round_trip():
     assert hx.Compression.from_spec("global_qsgd8").bucket == 512
     assert hx.Compression.from_spec("global_qsgd8-tensor").bucket == 0
     assert hx.Compression.from_spec("global_qsgd8-b4096").label == "global_qsgd8-b4096"
-    with pytest.raises(ValueError, match="-bN or -tensor"):
+    with pytest.raises(ValueError, match="unknown option -x .* valid options: -tensor, -bVALUE"):
         hx.Compression.from_spec("global_qsgd8-x")
     assert hx.Compression.from_spec("topk0.01-imp").importance
     assert not hx.Compression.from_spec("random_block0.1-ef").detached
     with pytest.raises(ValueError, match="unknown compression 'zip'"):
         hx.Compression.from_spec("zip")
+
+
+C = hx.Compression
+EVERY_CODEC = [C.none, C.fp16, C.bf16, C.global_qsgd(8), C.global_qsgd(4, bucket=4096), C.global_qsgd(2, bucket=0),
+               C.global_qsgd(8, seed=3, nonfinite="skip"), C.topk(0.01), C.topk(0.05, importance=True),
+               C.topk(0.001, error_feedback=False), C.topk(1e-5), C.random_block(0.01),
+               C.random_block(0.02, detached=False), C.random_block(0.1, detached=False, error_feedback=False),
+               C.random_block(0.01, coeff=0.5, seed=4)]
+
+
+@pytest.mark.parametrize("codec", EVERY_CODEC, ids=lambda c: c.label)
+def test_every_label_parses_back_to_the_same_codec(codec):
+    again = hx.Compression.from_spec(codec.label)
+    assert type(again) is type(codec) and vars(again) == vars(codec)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("topk0.01-foo", "unknown option -foo in compression 'topk0.01-foo'; valid options: -imp, -ef, -noef"),
+    ("fp16-x", "takes no options"), ("bf16-b4", "takes no options"),
+    ("global_qsgd8-bx", "'x' is not a valid value"), ("global_qsgd8-tensor-b4", "give one"),
+    ("random_block0.1-ef-noef", "at most one of"), ("random_block0.1-q", "valid options: -def, -ef, -noef"),
+    ("topkabc", "expected -OPTION")])
+def test_every_option_is_checked(spec, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        hx.Compression.from_spec(spec)
 
 
 def test_bad_arguments_are_named():

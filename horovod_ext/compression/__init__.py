@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from .base import Compressor, NonFiniteGradientError, ReduceContext
@@ -36,44 +38,98 @@ class Compression:
         return TopK(ratio, importance=importance, error_feedback=error_feedback)
 
     @staticmethod
-    def random_block(ratio: float, detached: bool = True, coeff: float = 0.3, seed: int = 0) -> Compressor:
-        """A random contiguous block per tensor from a shared seed; DEF when ``detached``."""
-        return RandomBlock(ratio, detached=detached, coeff=coeff, seed=seed)
+    def random_block(ratio: float, detached: bool = True, coeff: float = 0.3, seed: int = 0,
+                     error_feedback: bool = True) -> Compressor:
+        """A random contiguous block per tensor from a shared seed; DEF when ``detached`` (else classic
+        error feedback, or none with ``error_feedback=False``)."""
+        return RandomBlock(ratio, detached=detached, coeff=coeff, seed=seed, error_feedback=error_feedback)
 
     @staticmethod
     def from_spec(spec: str) -> Compressor:
-        """Build a codec from a short string, for configs and command lines.
+        """Build a codec from a short string (its ``label``), for configs and command lines.
 
-        Examples: ``none``, ``fp16``, ``bf16``, ``global_qsgd8`` (512-element buckets),
-        ``global_qsgd8-b4096``, ``global_qsgd8-tensor`` (one scale per tensor), ``global_qsgd4``,
-        ``topk0.01``, ``topk0.01-imp``, ``random_block0.01``, ``random_block0.01-ef``."""
+        ``none`` (or ``fp32``), ``fp16``, ``bf16``;
+        ``global_qsgd8`` (8, 4 or 2 bits) with ``-bN`` (N-element buckets; 512 by default) or ``-tensor``
+        (one scale per tensor), ``-sN`` (rounding seed), ``-skip`` (skip non-finite steps by default);
+        ``topk0.01`` with ``-imp`` (importance-weighted), ``-noef`` (no error feedback);
+        ``random_block0.01`` (DEF) with ``-ef`` (classic error feedback) or ``-noef``, ``-cX`` (DEF
+        coefficient, 0.3), ``-sN`` (block seed). Every option is checked; an unknown one is an error
+        that lists the valid ones. Every codec's ``label`` parses back to the same codec."""
         s = spec.strip().lower()
-        if s in ("none", "fp32"):
-            return Compression.none
-        if s == "fp16":
-            return Compression.fp16
-        if s == "bf16":
-            return Compression.bf16
-        if s.startswith("global_qsgd"):
-            body, *flags = s[len("global_qsgd"):].split("-")
-            bucket = 512
-            for f in flags:
-                if f == "tensor":
-                    bucket = 0
-                elif f.startswith("b") and f[1:].isdigit():
-                    bucket = int(f[1:])
-                else:
-                    raise ValueError(f"unknown global_qsgd option {f!r} in {spec!r}; expected -bN or -tensor")
-            return Compression.global_qsgd(int(body or 8), bucket=bucket)
-        if s.startswith("topk"):
-            body, *flags = s[len("topk"):].split("-")
-            return Compression.topk(float(body or 0.01), importance="imp" in flags,
-                                    error_feedback="noef" not in flags)
-        if s.startswith("random_block"):
-            body, *flags = s[len("random_block"):].split("-")
-            return Compression.random_block(float(body or 0.01), detached="ef" not in flags)
-        raise ValueError(f"unknown compression {spec!r}; expected one of none, fp16, bf16, global_qsgd8|4|2[-bN|-tensor], "
-                         f"topkRATIO[-imp][-noef], random_blockRATIO[-ef]")
+        for prefix in sorted(_PARSERS, key=len, reverse=True):
+            if s.startswith(prefix):
+                body, rest = re.match(r"([0-9.]*(?:e[-+]?[0-9]+)?)(.*)", s[len(prefix):]).groups()
+                if rest and not rest.startswith("-"):
+                    raise ValueError(f"compression {spec!r}: expected -OPTION after {prefix + body!r}, got {rest!r}")
+                return _PARSERS[prefix](spec, body, rest[1:].split("-") if rest else [])
+        raise ValueError(f"unknown compression {spec!r}; expected one of none, fp16, bf16, "
+                         f"global_qsgd8|4|2[-bN|-tensor][-sN][-skip], topkRATIO[-imp][-noef], "
+                         f"random_blockRATIO[-ef|-noef][-cX][-sN]")
+
+
+def _options(spec: str, flags: list[str], allowed: dict) -> dict:
+    """Parse ``flags`` against ``allowed`` ({name: value parser or None for a bare flag})."""
+    out = {}
+    for f in flags:
+        for name, parse in sorted(allowed.items(), key=lambda kv: -len(kv[0])):
+            if parse is None and f == name:
+                out[name] = True
+                break
+            if parse is not None and f.startswith(name) and f != name:
+                try:
+                    out[name] = parse(f[len(name):])
+                except ValueError:
+                    raise ValueError(f"option -{f} in {spec!r}: {f[len(name):]!r} is not a valid value") from None
+                break
+        else:
+            valid = ", ".join(f"-{n}" if p is None else f"-{n}VALUE" for n, p in allowed.items())
+            raise ValueError(f"unknown option -{f} in compression {spec!r}; valid options: {valid}")
+    return out
+
+
+def _number(kind: str, spec: str, body: str, default: float, parse=float):
+    try:
+        return parse(body) if body else default
+    except ValueError:
+        raise ValueError(f"compression {spec!r}: {body!r} is not a valid {kind}") from None
+
+
+def _plain(codec: Compressor):
+    def parse(spec, body, flags):
+        if body or flags:
+            raise ValueError(f"compression {spec!r}: {codec.label!r} takes no options")
+        return codec
+    return parse
+
+
+def _global_qsgd(spec, body, flags):
+    o = _options(spec, flags, {"tensor": None, "b": int, "s": int, "skip": None})
+    if "tensor" in o and "b" in o:
+        raise ValueError(f"compression {spec!r}: -tensor and -bN both set the scale's extent; give one")
+    return Compression.global_qsgd(_number("bit width", spec, body, 8, int), seed=o.get("s"),
+                                   nonfinite="skip" if o.get("skip") else "raise",
+                                   bucket=0 if o.get("tensor") else o.get("b", 512))
+
+
+def _topk(spec, body, flags):
+    o = _options(spec, flags, {"imp": None, "ef": None, "noef": None})
+    if "ef" in o and "noef" in o:
+        raise ValueError(f"compression {spec!r}: -ef and -noef contradict each other")
+    return Compression.topk(_number("ratio", spec, body, 0.01), importance=bool(o.get("imp")),
+                            error_feedback=not o.get("noef"))
+
+
+def _random_block(spec, body, flags):
+    o = _options(spec, flags, {"def": None, "ef": None, "noef": None, "c": float, "s": int})
+    if sum(k in o for k in ("def", "ef", "noef")) > 1:
+        raise ValueError(f"compression {spec!r}: give at most one of -def, -ef, -noef")
+    return Compression.random_block(_number("ratio", spec, body, 0.01), detached=not (o.get("ef") or o.get("noef")),
+                                    coeff=o.get("c", 0.3), seed=o.get("s", 0), error_feedback=not o.get("noef"))
+
+
+_PARSERS = {"none": _plain(Compression.none), "fp32": _plain(Compression.none), "fp16": _plain(Compression.fp16),
+            "bf16": _plain(Compression.bf16), "global_qsgd": _global_qsgd, "topk": _topk,
+            "random_block": _random_block}
 
 
 __all__ = ["Compression", "Compressor", "ReduceContext", "NonFiniteGradientError"]

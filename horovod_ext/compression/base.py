@@ -23,7 +23,7 @@ import horovod.torch as hvd
 
 from ..communicator import Communicator
 
-Reduction = Generator[Any, Any, torch.Tensor]
+ReduceGenerator = Generator[Any, Any, torch.Tensor]
 
 
 class NonFiniteGradientError(FloatingPointError):
@@ -80,19 +80,42 @@ class ReduceContext:
 
 
 class Compressor:
-    """Base class: configuration only; per-parameter state lives in ``ctx.state``."""
+    """Base class: configuration only; per-parameter state lives in ``ctx.state``.
 
-    #: short identifier used in logs, benchmarks and JSON
+    The contract with the optimizer, beyond ``reduce``:
+
+    * ``label``: a short identifier; ``Compression.from_spec(label)`` builds the same codec again;
+    * ``nonfinite``: the codec's default for the optimizer's non-finite policy (``None``: ``"raise"``).
+      Whatever the policy, NaN/Inf in any worker's input must reach every worker's result;
+    * state: ``ctx.state`` holds tensors, numbers and ``torch.Generator`` only (checkpoints load with
+      ``weights_only=True``). Keys in ``per_worker_averaged`` are per worker and averaged when a
+      checkpoint moves to another worker count; keys in ``per_worker_fresh`` are per worker and
+      start fresh there; every other key is replicated (the same on every worker);
+    * ``release(state)``: what the codec holds back (error feedback), handed over when the optimizer
+      sends a tensor uncompressed instead;
+    * ``before_step`` / ``after_step`` / ``on_load``: a say in the parameter update (DEF).
+    """
+
+    #: short identifier used in logs, benchmarks and JSON; parses back to the same codec
     label: str = "base"
     #: ops this codec can reduce with
     supported_ops = (hvd.Average, hvd.Sum)
+    #: default non-finite policy for the optimizer ("raise" or "skip"; None: the optimizer's default)
+    nonfinite: str | None = None
+    #: state keys that are per worker: averaged, or started fresh, when the worker count changes
+    per_worker_averaged: tuple = ("residual",)
+    per_worker_fresh: tuple = ("rng",)
+
+    def release(self, state: dict):
+        """Take what error feedback held back out of ``state`` (None when nothing is held)."""
+        return state.pop("residual", None)
 
     def validate(self, world_size: int, op) -> None:
         """Raise a clear error when this codec cannot serve ``world_size`` workers with ``op``."""
         if op not in self.supported_ops:
             raise ValueError(f"compression {self.label!r} supports op=hvd.Average or hvd.Sum, got {op!r}")
 
-    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> Reduction:  # pragma: no cover
+    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:  # pragma: no cover
         raise NotImplementedError
 
     # Hooks around the wrapped optimizer's step; only DEF uses them.
@@ -109,6 +132,14 @@ class Compressor:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.label}>"
+
+
+def stable_hash(text: str) -> int:
+    """A hash of ``text`` that is the same in every process and run (Python's ``hash`` is salted)."""
+    h = 1469598103934665603
+    for ch in text.encode():
+        h = ((h ^ ch) * 1099511628211) % (2**64)
+    return h
 
 
 def scale_for_op(tensor: torch.Tensor, ctx: ReduceContext) -> torch.Tensor:

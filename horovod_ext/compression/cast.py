@@ -29,7 +29,7 @@ import torch
 import horovod.torch as hvd
 from horovod.common.exceptions import HorovodInternalError
 
-from .base import Compressor, ReduceContext, Reduction, scale_for_op
+from .base import Compressor, ReduceContext, ReduceGenerator, scale_for_op
 
 #: the codecs whose collectives are all allreduces, hence usable while a rank has joined
 JOIN_COMPATIBLE = "none, fp16, global_qsgd or random_block"
@@ -54,7 +54,7 @@ class NoCompression(Compressor):
     label = "none"
     supported_ops = (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product)
 
-    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> Reduction:
+    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:
         out = yield ctx.comm.allreduce_(grad, name=ctx.key, op=ctx.op, prescale_factor=ctx.prescale_factor,
                                         postscale_factor=ctx.postscale_factor)
         return out
@@ -69,7 +69,7 @@ class CastAllreduce(Compressor):
         self.dtype = dtype
         self.label = {torch.float16: "fp16"}.get(dtype, str(dtype))
 
-    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> Reduction:
+    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:
         with ctx.compressing():
             wire = grad.to(self.dtype) if grad.dtype.is_floating_point else grad
         out = yield ctx.comm.allreduce_(wire, name=ctx.op_name(self.label), op=ctx.op,
@@ -97,7 +97,7 @@ class CastTwoPhase(Compressor):
         self.small = small
         self.label = {torch.bfloat16: "bf16", torch.float16: "fp16-2phase"}.get(dtype, str(dtype))
 
-    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> Reduction:
+    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:
         n, rank = ctx.size, ctx.comm.rank
         flat = grad.reshape(-1)
         numel = flat.numel()

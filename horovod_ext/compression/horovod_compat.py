@@ -14,7 +14,7 @@ import torch
 import horovod.torch as hvd
 from horovod.torch.compression import Compressor as HorovodCompressorBase, FP16Compressor, NoneCompressor
 
-from .base import Compressor, ReduceContext, Reduction
+from .base import Compressor, ReduceContext, ReduceGenerator
 
 
 def _horovod_compressor(obj) -> bool:
@@ -45,7 +45,7 @@ class HorovodCompressor(Compressor):
         self.compressor = compressor
         self.label = f"horovod:{getattr(compressor, '__name__', type(compressor).__name__)}"
 
-    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> Reduction:
+    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:
         with ctx.compressing():
             wire, hctx = self.compressor.compress(grad)
         out = yield ctx.comm.allreduce_(wire, name=ctx.key, op=ctx.op, prescale_factor=ctx.prescale_factor,
@@ -59,7 +59,7 @@ class SparseAllgather(Compressor):
     label = "sparse-allgather"
     supported_ops = (hvd.Average, hvd.Sum)
 
-    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> Reduction:
+    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:
         indices = ctx.comm.allgather(grad._indices().transpose(0, 1).contiguous(), name=f"{ctx.key}.indices")
         values = ctx.comm.allgather(grad._values(), name=f"{ctx.key}.values")
         values = yield values                    # values first, as Horovod waits (horovod issue 2961)
@@ -76,7 +76,7 @@ class GroupedAllreduce(Compressor):
     label = "grouped"
     supported_ops = (hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product)
 
-    def reduce(self, grads: list, ctx: ReduceContext) -> Reduction:
+    def reduce(self, grads: list, ctx: ReduceContext) -> ReduceGenerator:
         out = yield ctx.comm.grouped_allreduce_(grads, name=ctx.key, op=ctx.op, prescale_factor=ctx.prescale_factor,
                                                 postscale_factor=ctx.postscale_factor)
         return list(out)

@@ -38,7 +38,7 @@ import torch
 import horovod.torch as hvd
 
 from .. import packing
-from .base import Compressor, ReduceContext, Reduction
+from .base import Compressor, ReduceContext, ReduceGenerator, stable_hash
 
 NONFINITE_POLICIES = ("raise", "skip")
 
@@ -57,7 +57,8 @@ class GlobalQSGD(Compressor):
         #: codec itself only reports (NaN result, ctx.nonfinite)
         self.nonfinite = nonfinite
         self.bucket = bucket
-        self.label = f"global_qsgd{bits}" + ("" if bucket == 512 else f"-b{bucket}" if bucket else "-tensor")
+        self.label = (f"global_qsgd{bits}" + ("" if bucket == 512 else f"-b{bucket}" if bucket else "-tensor")
+                      + (f"-s{seed}" if seed is not None else "") + ("-skip" if nonfinite == "skip" else ""))
 
     def validate(self, world_size: int, op) -> None:
         super().validate(world_size, op)
@@ -69,11 +70,11 @@ class GlobalQSGD(Compressor):
             gen = torch.Generator(device=device)
             base = self.seed if self.seed is not None else torch.initial_seed()
             # Independent rounding noise per worker and per parameter (zlib-free stable hash).
-            gen.manual_seed((base * 1_000_003 + ctx.comm.rank * 7919 + _stable_hash(ctx.name)) % (2**63))
+            gen.manual_seed((base * 1_000_003 + ctx.comm.rank * 7919 + stable_hash(ctx.name)) % (2**63))
             ctx.state["rng"] = gen
         return gen
 
-    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> Reduction:
+    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:
         n = ctx.size
         m = packing.check_capacity(self.bits, n)
         flat = grad.reshape(-1)
@@ -137,10 +138,3 @@ def _per_bucket(x: torch.Tensor, bucket: int, factors: torch.Tensor) -> torch.Te
     if full < x.numel():
         x[full:].mul_(factors[-1])
     return x
-
-
-def _stable_hash(text: str) -> int:
-    h = 1469598103934665603
-    for ch in text.encode():
-        h = ((h ^ ch) * 1099511628211) % (2**64)
-    return h

@@ -55,9 +55,8 @@ import random
 import torch
 from horovod.common.exceptions import HorovodInternalError
 
-from .base import Compressor, ReduceContext, Reduction, scale_for_op
+from .base import Compressor, ReduceContext, ReduceGenerator, scale_for_op, stable_hash
 from .cast import reraise_collective_error
-from .quantize import _stable_hash
 
 
 def _count(numel: int, ratio: float) -> int:
@@ -122,9 +121,9 @@ class TopK(Compressor):
         self.ratio = _check_ratio("topk", ratio)
         self.importance = importance
         self.error_feedback = error_feedback
-        self.label = f"topk{self.ratio:g}" + ("-imp" if importance else "") + ("-ef" if error_feedback else "")
+        self.label = f"topk{self.ratio:g}" + ("-imp" if importance else "") + ("" if error_feedback else "-noef")
 
-    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> Reduction:
+    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:
         n = ctx.size
         with ctx.compressing():
             acc = _with_residual(grad, ctx, self.error_feedback)
@@ -167,12 +166,13 @@ class RandomBlock(Compressor):
         self.coeff = float(coeff)
         self.seed = int(seed)
         self.error_feedback = error_feedback or detached
-        self.label = f"random_block{self.ratio:g}" + ("-def" if detached else ("-ef" if self.error_feedback else ""))
+        self.label = (f"random_block{self.ratio:g}" + ("" if detached else "-ef" if self.error_feedback else "-noef")
+                      + (f"-c{self.coeff:g}" if self.coeff != 0.3 else "") + (f"-s{self.seed}" if self.seed else ""))
 
     def span(self, name: str, step: int, numel: int) -> tuple[int, int]:
         """(start, length) of the block for ``name`` at ``step`` (it wraps around): identical on every worker."""
         size = _count(numel, self.ratio)
-        start = random.Random(f"{self.seed}:{_stable_hash(name)}:{step}").randrange(numel)
+        start = random.Random(f"{self.seed}:{stable_hash(name)}:{step}").randrange(numel)
         return start, size
 
     def block(self, name: str, step: int, numel: int, device=None) -> torch.Tensor:
@@ -180,7 +180,7 @@ class RandomBlock(Compressor):
         start, size = self.span(name, step, numel)
         return torch.arange(start, start + size, device=device if device is not None else "cpu") % numel
 
-    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> Reduction:
+    def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:
         with ctx.compressing():
             acc = _with_residual(grad, ctx, self.error_feedback)
             numel = acc.numel()
