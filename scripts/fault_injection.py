@@ -72,7 +72,10 @@ def workers_of(pid: int) -> list[int]:
 def losses(run: Path) -> dict:
     out = {}
     for line in (run / "train_log.jsonl").read_text().splitlines():
-        r = json.loads(line)
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:          # the line being written right now
+            continue
         if r["event"] == "step":
             out[r["step"]] = r["loss"]
     return out
