@@ -519,27 +519,46 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          pipeline: bool = False, overlap: bool = True, adaptive=True, warmup_steps: int = 0,
                          nonfinite: str | None = None):
     """Wrap ``optimizer`` so that gradients are averaged across Horovod workers, compressed by
-    ``compression``: ``hvd.DistributedOptimizer`` with the same arguments and results, plus:
+    ``compression``: ``hvd.DistributedOptimizer`` with the same arguments and results, plus the
+    knobs after ``*``.
 
-    * ``compression``: an ``hx.Compression`` codec, or a Horovod compressor (``hvd.Compression.none``
-      and ``.fp16`` mean ours; any other runs as Horovod runs it);
-    * ``pipeline=False``: Pipe-SGD, updates one step stale (see the module docstring); call
-      ``flush()`` before evaluation;
-    * ``overlap=True``: advance multi-phase codecs from a background thread while backward runs;
-    * ``adaptive=True`` (or an :class:`horovod_ext.adaptive.Adaptive`): send a tensor uncompressed
-      when compression would not pay;
-    * ``warmup_steps=0``: that many first steps go plain fp32 and synchronous;
-    * ``nonfinite=None``: ``"raise"`` (every worker raises :class:`NonFiniteGradientError`) or
-      ``"skip"`` (every worker skips the step, counted in ``comm_stats()``) when a reduced gradient
-      holds NaN/Inf; ``None`` takes the codec's setting (``"raise"`` unless it says otherwise).
+    Args:
+        optimizer: the optimizer to wrap; the result is an instance of its class.
+        named_parameters: ``model.named_parameters()``. Names key the Horovod ops and the codec state
+            (checkpoints find residuals by name); default: ``allreduce.noname.<group>.<index>``.
+        compression: an ``hx.Compression`` codec (default ``none``: Horovod's fp32 allreduce), or a
+            Horovod compressor: ``hvd.Compression.none``/``.fp16`` mean ours, any other runs as Horovod
+            runs it.
+        backward_passes_per_step: backward passes accumulated locally before one reduction (1).
+        op: ``hvd.Average`` (default) or ``hvd.Sum``; ``hvd.Adasum`` returns Horovod's own Adasum
+            optimizer (it reduces parameter deltas) and is refused with any hx knob below.
+        gradient_predivide_factor: op Average only: scale by 1/f before the sum and f/n after it
+            (1.0), to keep fp16 sums in range; as in Horovod, not applied inside ``groups``.
+        num_groups: deprecated alias of ``groups`` (Horovod's).
+        groups: an int (that many groups in rank 0's parameter order) or a list of lists of
+            parameters; each group's plain allreduces go to Horovod as one grouped op (None).
+        sparse_as_dense: densify sparse gradients before reducing (False: allgather values and
+            indices, as Horovod does; such a gradient goes uncompressed, noted once).
+        process_set: the workers to average over (the global set).
+        pipeline: Pipe-SGD (False). True overlaps the reduction of step t with the compute of step
+            t+1, applying updates one step stale; pays when communication is a large part of a step.
+            Call ``flush()`` before evaluation.
+        overlap: advance multi-phase codecs from a background thread while backward runs (True);
+            False runs every phase on the training thread, at ``step()``.
+        adaptive: send a tensor uncompressed when compressing it would not pay (True): tensors
+            under 8,192 elements always; with ``hx.Adaptive(link_gbps=...)``, every tensor once the
+            measured codec cost exceeds the wire time it saves. False compresses everything.
+        warmup_steps: the first K steps reduce plain fp32 and synchronously (0). The first steps move
+            the parameters most; there compression noise and staleness cost most (PowerSGD's
+            ``start_powerSGD_iter``, DGC's warm-up).
+        nonfinite: ``"raise"`` or ``"skip"`` when an averaged gradient holds NaN/Inf (None: the
+            codec's default, else ``"raise"``). Every worker sees the same NaN, so every worker
+            raises :class:`NonFiniteGradientError` or every worker skips (``comm_stats()`` counts
+            skips). NaN/Inf reach ``p.grad`` first, so a ``GradScaler`` backs off as usual.
 
-    Horovod's arguments keep Horovod's meaning: ``gradient_predivide_factor`` splits the average
-    before and after the sum (op Average only); ``groups`` (an int or a list of lists of
-    parameters; ``num_groups`` is its deprecated alias) sends each group's plain allreduces as one
-    grouped op; sparse gradients are allgathered (values and indices) unless ``sparse_as_dense``.
-    A gradient a codec cannot take (sparse, non-float) goes as Horovod would send it, with a note.
-    ``op=hvd.Adasum`` returns Horovod's own Adasum optimizer (it reduces parameter deltas, not
-    gradients) when no hx feature is asked for, and raises otherwise.
+    Returns the wrapped optimizer, with ``synchronize()``, ``skip_synchronize()``, ``flush()``,
+    ``comm_stats()``, ``state_dict()`` (this worker's codec state included), ``gather_state_dict()``
+    (every worker's, for checkpoints) and ``set_backward_passes_per_step()``.
     """
     if gradient_predivide_factor != 1.0 and op != hvd.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
