@@ -40,6 +40,7 @@ class ModelConfig:
     loc_channels: int = 10
     loc_kernel: int = 31
     dropout: float = 0.1
+    fused_lstm: bool = True
     ctc_weight: float = 0.3
     label_smoothing: float = 0.1
 

@@ -80,3 +80,24 @@ def test_bad_config_is_refused():
         tiny(frame_stack=0)
     with pytest.raises(ValueError, match="pool_after"):
         tiny(pool_after=[5])
+
+
+@pytest.mark.parametrize("stack,pools", [(1, [0, 1]), (4, [0]), (3, [])])
+def test_fused_padded_bilstm_equals_the_packed_path(stack, pools):
+    """Issue 15: padded batches on the fused LSTM kernel, the backward direction reversed within each
+    sequence's length, give the packed path's outputs and gradients (to rounding), padding zeroed."""
+    feats, flen, tokens, tlen = batch(lengths=(37, 12, 29), n_tokens=(4, 2, 3))
+    results = {}
+    for fused in (False, True):
+        model = tiny(frame_stack=stack, pool_after=pools, fused_lstm=fused).train()
+        enc, enc_len = model.encode(feats, flen)
+        loss, _ = model(feats, flen, tokens, tlen)
+        loss.backward()
+        results[fused] = (enc.detach(), enc_len, {n: p.grad.clone() for n, p in model.named_parameters()})
+    (e0, l0, g0), (e1, l1, g1) = results[False], results[True]
+    assert torch.equal(l0, l1) and e0.shape == e1.shape
+    assert torch.allclose(e0, e1, atol=1e-6), float((e0 - e1).abs().max())
+    for n in g0:
+        assert torch.allclose(g0[n], g1[n], atol=1e-5, rtol=1e-4), (n, float((g0[n] - g1[n]).abs().max()))
+    valid = torch.arange(e1.shape[1])[None, :] < l1[:, None]
+    assert float(e1[~valid].abs().max()) == 0.0

@@ -35,12 +35,42 @@ class BFAConfig:
     loc_channels: int = 10
     loc_kernel: int = 31
     dropout: float = 0.1
+    fused_lstm: bool = True               # padded batches on the fused LSTM kernel (False: packed sequences)
     ctc_weight: float = 0.3               # 0 disables the CTC head
     label_smoothing: float = 0.1
 
     @property
     def eos(self) -> int:
         return self.vocab_size
+
+
+def reversal_index(lengths: torch.Tensor, T: int) -> torch.Tensor:
+    """[B, T] time index that reverses each sequence within its own length and leaves its padding in
+    place (an involution: applying it twice gives the identity)."""
+    t = torch.arange(T, device=lengths.device)[None, :]
+    L = lengths.to(t.device)[:, None]
+    return torch.where(t < L, L - 1 - t, t)
+
+
+def bilstm_padded(lstm: nn.LSTM, x: torch.Tensor, order: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """A bidirectional one-layer ``lstm`` over a padded batch, on the fused (cuDNN / MKL) kernel.
+
+    Packed sequences of mixed lengths make PyTorch's CPU LSTM step time by time; a padded batch runs
+    the fused kernel. The forward direction reads the padded batch as is (padding comes after each
+    sequence, so it cannot reach a valid output); the backward direction reads each sequence reversed
+    within its own length (``order``), so it starts at the sequence's last frame, not at padding.
+    Padded outputs are zeroed, as ``pad_packed_sequence`` leaves them. Same parameters as the packed
+    path; the outputs agree to rounding."""
+    w = lstm._flat_weights
+    fwd, bwd = w[:4], w[4:8]
+    h0 = x.new_zeros(1, x.shape[0], lstm.hidden_size)
+    gather = order[:, :, None]
+    out_f = torch._VF.lstm(x, (h0, h0), fwd, True, 1, 0.0, lstm.training, False, True)[0]
+    x_rev = x.gather(1, gather.expand(-1, -1, x.shape[2]))
+    out_b = torch._VF.lstm(x_rev, (h0, h0), bwd, True, 1, 0.0, lstm.training, False, True)[0]
+    out_b = out_b.gather(1, gather.expand(-1, -1, out_b.shape[2]))
+    valid = (torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None])[:, :, None]
+    return torch.cat([out_f, out_b], dim=2) * valid
 
 
 class Encoder(nn.Module):
@@ -65,6 +95,7 @@ class Encoder(nn.Module):
         self.pool_after = set(c.pool_after)
         self.dropout = nn.Dropout(c.dropout)
         self.out_dim = dim
+        self.fused = c.fused_lstm
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor):
         if self.stack > 1:
@@ -74,16 +105,22 @@ class Encoder(nn.Module):
                 x = F.pad(x, (0, 0, 0, pad))
             x = x.reshape(B, (T + pad) // self.stack, D * self.stack)
             lengths = (lengths + self.stack - 1) // self.stack
+        order = reversal_index(lengths, x.shape[1]) if self.fused else None
         for i, lstm in enumerate(self.layers):
-            packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-            x, _ = lstm(packed)
-            x, _ = pad_packed_sequence(x, batch_first=True)
+            if self.fused:
+                x = bilstm_padded(lstm, x, order, lengths)
+            else:
+                packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+                x, _ = lstm(packed)
+                x, _ = pad_packed_sequence(x, batch_first=True)
             x = self.dropout(x)
             if i in self.pool_after:
                 if x.shape[1] % 2:
                     x = F.pad(x, (0, 0, 0, 1))
                 x = F.max_pool1d(x.transpose(1, 2), kernel_size=2, stride=2).transpose(1, 2)
                 lengths = (lengths + 1) // 2
+                if self.fused:
+                    order = reversal_index(lengths, x.shape[1])
         return x, lengths
 
     def reduction(self) -> int:
