@@ -84,6 +84,9 @@ class TrainConfig:
     log_every: int = 10
     keep_epochs: int = 0                # epoch checkpoints to keep (0: all); last.pt is always kept
     out_dir: str = "exp/run"
+    elastic: bool = False               # hvd.elastic.run (also on when horovodrun sets HOROVOD_ELASTIC=1)
+    commit_every: int = 20              # elastic: commit the state every this many steps (and at epoch end)
+    trace_utterances: bool = False      # write every step's utterance ids to OUT_DIR/trace/ (audit of an epoch)
 
 
 @dataclass

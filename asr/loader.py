@@ -186,21 +186,35 @@ class BucketBatchSampler(Sampler):
     Utterances are sorted by duration (with a seeded jitter so buckets vary per epoch), packed into
     batches of at most ``batch_seconds`` of padded audio (longest x count) and ``max_batch``
     utterances, shuffled per epoch with a seed shared by all ranks, and dealt round-robin to the
-    ranks. Every rank gets the same number of batches (the last ones are dropped if they do not
-    divide evenly): a rank that ran out early would leave the others waiting in an allreduce.
+    ranks. Every rank gets the same number of batches: a rank that ran out early would leave the
+    others waiting in an allreduce. By default the last batches are dropped if they do not divide
+    evenly; with ``pad=True`` (elastic training) none is dropped: the last step is padded with empty
+    batches (zero utterances; the trainer still takes part in the step).
+
+    Elastic training resumes mid-epoch: ``set_epoch(epoch, start)`` skips the first ``start``
+    batches of the epoch's dealing order (every worker's, consumed in committed steps: each step
+    consumes one batch per worker), and ``set_world(num_replicas, rank)`` re-deals the remaining
+    ones to another worker count, so a lost or added worker loses no batch.
     """
 
     def __init__(self, durations, batch_seconds: float, max_batch: int, num_replicas: int = 1, rank: int = 0,
-                 seed: int = 0, shuffle: bool = True):
+                 seed: int = 0, shuffle: bool = True, pad: bool = False):
         self.durations = list(durations)
         self.batch_seconds, self.max_batch = batch_seconds, max_batch
         self.num_replicas, self.rank, self.seed, self.shuffle = num_replicas, rank, seed, shuffle
+        self.pad = pad
         self.epoch = 0
+        self.start = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """The epoch to deal, and how many of its batches (all workers') were already consumed."""
+        self.epoch, self.start = epoch, start
 
-    def _batches(self) -> list[list[int]]:
+    def set_world(self, num_replicas: int, rank: int) -> None:
+        self.num_replicas, self.rank = num_replicas, rank
+
+    def epoch_batches(self) -> list[list[int]]:
+        """Every batch of the epoch in dealing order (the same on every rank)."""
         rng = random.Random(self.seed * 100_003 + self.epoch)
         jitter = [rng.uniform(0, 0.1) if self.shuffle else 0.0 for _ in self.durations]
         order = sorted(range(len(self.durations)), key=lambda i: self.durations[i] * (1 + jitter[i]))
@@ -216,11 +230,20 @@ class BucketBatchSampler(Sampler):
             batches.append(cur)
         if self.shuffle:
             rng.shuffle(batches)
-        per_rank = len(batches) // self.num_replicas if self.num_replicas > 1 else len(batches)
+        return batches
+
+    def _batches(self) -> list[list[int]]:
+        """This rank's batches from ``start`` on (empty lists pad the last step when ``pad``)."""
+        batches = self.epoch_batches()[self.start:]
+        n = self.num_replicas
+        if self.pad:
+            steps = -(-len(batches) // n)
+            return [batches[i] if i < len(batches) else [] for i in range(self.rank, steps * n, n)]
+        per_rank = len(batches) // n if n > 1 else len(batches)
         if per_rank == 0:
-            raise ValueError(f"{len(batches)} batches cannot be split across {self.num_replicas} workers; "
+            raise ValueError(f"{len(batches)} batches cannot be split across {n} workers; "
                              f"lower train.batch_seconds or use more data")
-        return batches[self.rank:per_rank * self.num_replicas:self.num_replicas]
+        return batches[self.rank:per_rank * n:n]
 
     def __iter__(self):
         return iter(self._batches())

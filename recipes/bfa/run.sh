@@ -11,14 +11,20 @@
 # Usage: recipes/bfa/run.sh [--stage N] [--stop-stage N] [--conf recipes/bfa/conf/cpu-small.yaml]
 #          [--size tiny|small|full] [--limit N] [--workers 2] [--hosts localhost:2] [--exp exp/NAME]
 #          [--vocab 500] [--seed 0] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight 0.5]
+#          [--elastic MIN:MAX --discovery SCRIPT [--cooldown LOW:HIGH]]
 #          [-- key=value ...]                              (overrides after -- go to asr.train)
+# Elastic training (stage 2): --elastic 2:4 --discovery recipes/bfa/discover_hosts.sh starts --workers
+# workers on the hosts the script prints (discover_hosts.sh prints recipes/bfa/hosts.txt, or $BFA_HOSTS_FILE;
+# edit it while the job runs) and keeps going between MIN and MAX workers as hosts fail, leave or join
+# (hvd.elastic.run; state committed every train.commit_every steps). A failed host is blacklisted for
+# good unless --cooldown LOW:HIGH (seconds) lets it come back. Give each worker its own host name.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VENV=${HX_VENV:-$ROOT/.venv}
 PATH="$VENV/bin:$PATH"
 
 stage=0; stop_stage=3; conf=$ROOT/recipes/bfa/conf/cpu-small.yaml; size=small; limit=""
-workers=2; hosts=""; exp=""; vocab=500; seed=0; overrides=()
+workers=2; hosts=""; exp=""; vocab=500; seed=0; overrides=(); elastic=""; discovery=""; cooldown=""
 lm_extra=60000; lm_minutes=8; lm_weight=0.5
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -35,12 +41,26 @@ while [ $# -gt 0 ]; do
     --lm-extra) lm_extra=$2; shift 2 ;;
     --lm-minutes) lm_minutes=$2; shift 2 ;;
     --lm-weight) lm_weight=$2; shift 2 ;;
-    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    --elastic) elastic=$2; shift 2 ;;
+    --discovery) discovery=$2; shift 2 ;;
+    --cooldown) cooldown=$2; shift 2 ;;
+    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
     --) shift; overrides=("$@"); break ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 hosts=${hosts:-localhost:$workers}
+if [ -n "$elastic" ]; then
+  [[ "$elastic" =~ ^[0-9]+:[0-9]+$ ]] || { echo "run.sh: --elastic expects MIN:MAX, e.g. 2:4" >&2; exit 2; }
+  [ -n "$discovery" ] || { echo "run.sh: --elastic needs --discovery SCRIPT (e.g. recipes/bfa/discover_hosts.sh)" >&2; exit 2; }
+  [ -x "$discovery" ] || { echo "run.sh: discovery script $discovery is not executable" >&2; exit 2; }
+  [ -z "$cooldown" ] || [[ "$cooldown" =~ ^[0-9]+:[0-9]+$ ]] || { echo "run.sh: --cooldown expects LOW:HIGH seconds" >&2; exit 2; }
+  launch=(horovodrun -np "$workers" --min-np "${elastic%%:*}" --max-np "${elastic##*:}"
+          --host-discovery-script "$discovery")
+  [ -z "$cooldown" ] || launch+=(--blacklist-cooldown-range "${cooldown%%:*}" "${cooldown##*:}")
+else
+  launch=(horovodrun -np "$workers" -H "$hosts")
+fi
 corpus=$ROOT/exp/corpus_${size}${limit:+_$limit}_seed$seed
 exp=${exp:-$ROOT/exp/bfa_$(basename "$conf" .yaml)_${size}${limit:+_$limit}}
 log() { printf '\n[run.sh] %s  %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -63,9 +83,13 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
 fi
 
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
-  log "stage 2: training on $workers workers ($hosts) -> $exp"
+  if [ -n "$elastic" ]; then
+    log "stage 2: elastic training, $workers workers to start, $elastic (hosts from $discovery) -> $exp"
+  else
+    log "stage 2: training on $workers workers ($hosts) -> $exp"
+  fi
   resume=""; [ -f "$exp/checkpoints/last.pt" ] && resume=--resume
-  horovodrun -np "$workers" -H "$hosts" --gloo python -m asr.train --config "$conf" $resume \
+  "${launch[@]}" --gloo python -m asr.train --config "$conf" $resume \
     data.train="$corpus/train.jsonl" data.dev="$corpus/dev.jsonl" \
     data.tokenizer="$corpus/tokenizer/tokenizer.model" data.stats="$corpus/stats/feature_stats.json" \
     train.out_dir="$exp" train.seed="$seed" "${overrides[@]}"
