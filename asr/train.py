@@ -121,19 +121,347 @@ class _Run:
 
 
 EPOCH_COUNTS = ("loss", "att_loss", "ctc_loss", "acc", "batches", "utterances", "skipped_utterances")
+LOSSES = EPOCH_COUNTS[:4]
+
+
+class Trainer:
+    """One worker's training run, in the order it happens: :meth:`__init__` (set-up: data, model,
+    optimizer), :meth:`resume`, then per epoch :meth:`train_epoch`, :meth:`evaluate` and
+    :meth:`finish_epoch` (record, checkpoint). :meth:`run` is the epoch loop; elastic runs wrap it
+    in ``hvd.elastic.run`` and keep the position in a ``TorchState``."""
+
+    def __init__(self, cfg, elastic: bool):
+        import horovod.torch as hvd
+        import horovod_ext as hx
+        from torch.utils.data import DataLoader
+
+        from .loader import BucketBatchSampler, Normalizer, SpeechDataset, Tokenizer, collate
+        from .models.bfa import BFA, BFAConfig
+
+        self.cfg, self.elastic, self.hvd = cfg, elastic, hvd
+        self.rank, size = hvd.rank(), hvd.size()
+        torch.set_num_threads(cfg.train.threads)
+        self.device = torch.device(f"cuda:{hvd.local_rank()}" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.out = Path(cfg.train.out_dir)
+        self.log_path = self.out / "train_log.jsonl"
+        self.last = self.out / "checkpoints" / "last.pt"
+
+        self.tok = Tokenizer(cfg.data.tokenizer)
+        norm = Normalizer(cfg.data.stats, cfg.data.cmvn)
+        self.train_set = SpeechDataset(cfg.data.train, self.tok, norm, max_duration=cfg.data.max_duration)
+        self.train_set.augmenter = build_augmenter(cfg, self.train_set, cfg.train.seed)
+        self.dev_set = SpeechDataset(cfg.data.dev, self.tok, norm)
+        if cfg.data.dev_subset:
+            self.dev_set.entries = self.dev_set.entries[:cfg.data.dev_subset]
+        self.sampler = BucketBatchSampler(self.train_set.durations, cfg.train.batch_seconds, cfg.train.max_batch,
+                                          size, self.rank, seed=cfg.train.seed, pad=elastic)
+        self.loader = DataLoader(self.train_set, batch_sampler=self.sampler, collate_fn=collate,
+                                 num_workers=cfg.train.loader_workers, persistent_workers=cfg.train.loader_workers > 0)
+
+        self.model_cfg = BFAConfig(vocab_size=self.tok.vocab_size, **dataclasses.asdict(cfg.model))
+        torch.manual_seed(cfg.train.seed)
+        self.model = BFA(self.model_cfg).to(self.device)
+        base = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr * size, weight_decay=cfg.train.weight_decay)
+        self.opt = hx.DistributedOptimizer(base, self.model.named_parameters(),
+                                           compression=hx.Compression.from_spec(cfg.train.compression),
+                                           backward_passes_per_step=cfg.train.backward_passes_per_step,
+                                           pipeline=cfg.train.pipeline, warmup_steps=cfg.train.comm_warmup_steps,
+                                           nonfinite=cfg.train.nonfinite)
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.amp)
+        if self.amp_dtype is not None and self.device.type != "cuda":
+            self.log({"event": "note", "message": f"train.amp={cfg.train.amp} is for GPU hosts; training in fp32 "
+                                                  f"on the CPU"})
+            self.amp_dtype = None
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
+        self.trace = None
+        if cfg.train.trace_utterances:
+            (self.out / "trace").mkdir(parents=True, exist_ok=True)
+            host = os.environ.get("HOROVOD_HOSTNAME", "local")
+            self.trace = open(self.out / "trace" / f"utts.{host}.{self.rank}.{os.getpid()}.jsonl", "a")
+        self.comm_before = {"wait_s": 0.0, "skipped_steps": 0}   # comm_stats() counts from process start
+        self.progress = {"step": 0, "mark": time.time()}         # last completed step; time counted up to
+
+    # ------------------------------------------------------------------ logging
+    def log(self, rec: dict, echo: bool = True) -> None:
+        """Append to train_log.jsonl (rank 0; elastic: rank 0 after the last reset) and print."""
+        from tqdm import tqdm
+        if self.hvd.rank() != 0:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if echo:
+            tqdm.write("[train] " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                             for k, v in rec.items() if not isinstance(v, dict)))
+
+    def log_start(self) -> None:
+        from .models.bfa import parameter_count
+        cfg = self.cfg
+        self.log({"event": "start", "workers": self.hvd.size(), "device": str(self.device),
+                  "parameters": parameter_count(self.model), "vocab": self.tok.vocab_size,
+                  "train_utts": len(self.train_set), "dev_utts": len(self.dev_set),
+                  "batches_per_epoch": len(self.sampler), "compression": cfg.train.compression,
+                  "pipeline": cfg.train.pipeline, "peak_lr": cfg.train.lr * self.hvd.size(), "config": cfg.to_dict(),
+                  **({"elastic": True, "commit_every": cfg.train.commit_every} if self.elastic else {})})
+
+    # ------------------------------------------------------------------ resume
+    def _load(self, ckpt) -> tuple[int, int]:
+        self.model.load_state_dict(ckpt["model"])
+        self.opt.load_state_dict(ckpt["optimizer"])
+        start_epoch, step = ckpt["epoch"] + 1, ckpt["step"]
+        self.log({"event": "resume", "from": str(self.last), "epoch": start_epoch, "step": step,
+                  "codec_state_workers": ckpt["optimizer"].get("horovod_ext", {}).get("world_size")})
+        return start_epoch, step
+
+    def resume(self, resume: bool) -> dict:
+        """The run's starting position: {epoch, step, trained_s, fatal} from ``last.pt`` (``resume``)
+        or fresh, with every worker's model and optimizer state equal."""
+        hvd, rank = self.hvd, self.rank
+        start_epoch, step, fatal = 0, 0, ""
+        if self.elastic:
+            # No collective before hvd.elastic.run: a worker that joins later runs this code while the
+            # others wait in the state's sync. Rank 0 reads last.pt and the sync hands its model,
+            # optimizer state, position and the replicated codec state to every worker (the others'
+            # error-feedback residuals start at zero); a checkpoint that cannot be read stops every worker.
+            if rank == 0 and resume and self.last.exists():
+                ckpt = load_resume_checkpoint(self.last)
+                if isinstance(ckpt, str):
+                    fatal = ckpt
+                else:
+                    start_epoch, step = self._load(ckpt)
+            trained_s = _trained_seconds(self.log_path) if rank == 0 else 0.0
+        else:
+            if hvd.broadcast_object(resume and self.last.exists() if rank == 0 else None, 0, name="resume.exists"):
+                # Rank 0 reads the file (other hosts need not see it); every rank gets the same model and
+                # optimizer state and picks its own share of the codec state (error-feedback residuals, RNG).
+                ckpt = hvd.broadcast_object(load_resume_checkpoint(self.last) if rank == 0 else None, 0,
+                                            name="resume")
+                if isinstance(ckpt, str):
+                    fatal = ckpt
+                else:
+                    start_epoch, step = self._load(ckpt)
+            else:
+                hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+                hvd.broadcast_optimizer_state(self.opt, root_rank=0)
+            trained_s = hvd.broadcast_object(_trained_seconds(self.log_path) if rank == 0 else None, 0,
+                                             name="trained_s")
+        self.progress["step"] = step
+        return dict(epoch=start_epoch, step=step, trained_s=trained_s, fatal=fatal)
+
+    # ------------------------------------------------------------------ the epoch loop
+    def run(self, state) -> int:
+        """Epochs until ``train.epochs`` or the time budget; returns the exit code."""
+        hvd = self.hvd
+        if state.fatal:
+            print(f"asr.train: {state.fatal}", file=sys.stderr)
+            return 2
+        self.rank = hvd.rank()
+        self.sampler.set_world(hvd.size(), self.rank)
+        budget_s = self.cfg.train.max_minutes * 60
+        while state.epoch < self.cfg.train.epochs:
+            if budget_s and (state.trained_s >= budget_s
+                             or state.epoch_s > 0 and state.trained_s + state.epoch_s > budget_s):
+                # Stop before an epoch that would not end within the budget (all ranks decide alike: the
+                # figures come from allreduced/broadcast values).
+                self.log({"event": "budget", "message": f"stopping before epoch {state.epoch}: "
+                          f"{state.trained_s / 60:.1f} of train.max_minutes={self.cfg.train.max_minutes:g} used"
+                          + (f", an epoch takes {state.epoch_s / 60:.1f}" if state.epoch_s > 0 else "")})
+                break
+            t0 = time.time()
+            counts = self.train_epoch(state)
+            train_s = state.train_s if self.elastic else time.time() - t0
+            t_eval = time.time()
+            dev = self.evaluate()
+            self.finish_epoch(state, counts, dev, train_s, time.time() - t_eval, t0)
+        return 0
+
+    def train_epoch(self, state) -> dict:
+        """One epoch of training steps (elastic: from the committed position); returns the epoch's
+        counts, summed over the workers (see EPOCH_COUNTS)."""
+        from tqdm import tqdm
+        hvd, cfg, opt, model = self.hvd, self.cfg, self.opt, self.model
+        rank, size, epoch = self.rank, hvd.size(), state.epoch
+        peak_lr = cfg.train.lr * size
+        torch.manual_seed(cfg.train.seed * 1000 + epoch * 10 + rank)   # dropout: reproducible per epoch
+        self.sampler.set_epoch(epoch, start=state.batch)
+        self.train_set.set_epoch(epoch)
+        model.train()
+        t0 = time.time()
+        local = dict.fromkeys(EPOCH_COUNTS, 0.0)       # this worker's counts (elastic: since the last commit)
+        # A live bar on a terminal; under horovodrun (output piped, prefixed per line) a line every 30 s.
+        interactive = rank == 0 and sys.stderr.isatty()
+        bar = tqdm(self.loader, desc=f"epoch {epoch}", disable=not interactive, leave=False, dynamic_ncols=True)
+        last_note = time.time()
+        steps_left = len(self.sampler)
+        for batch in bar:
+            for g in opt.param_groups:
+                g["lr"] = peak_lr * lr_factor(state.step, epoch, cfg.train.warmup_steps, cfg.train.decay)
+            stats, gnorm = self.train_step(batch, epoch, state.step)
+            state.step += 1
+            self.progress["step"] = state.step
+            steps_left -= 1
+            if self.trace is not None:
+                self.trace.write(json.dumps({"epoch": epoch, "step": state.step, "workers": size, "rank": rank,
+                                             "ids": batch.ids, "skipped": [u for u, _ in batch.skipped]}) + "\n")
+                self.trace.flush()
+            local["batches"] += stats is not None
+            local["utterances"] += len(batch.ids)
+            local["skipped_utterances"] += len(batch.skipped)
+            for k in LOSSES:
+                local[k] += stats.get(k, 0.0) if stats is not None else 0.0
+            if self.elastic:
+                state.batch += size
+                if state.step % cfg.train.commit_every == 0 and steps_left > 0:
+                    self._fold(state, local)
+                    state.commit()
+            if stats is None:
+                continue
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['acc']:.2f}")
+            if rank == 0 and not interactive and time.time() - last_note > 30:
+                last_note = time.time()
+                per = (last_note - t0) / max(local["batches"], 1)
+                print(f"[train] epoch {epoch} step {state.step} ({len(self.sampler) - steps_left}/{len(self.sampler)}) "
+                      f"loss {stats['loss']:.3f} acc {stats['acc']:.2f} ({per:.2f} s/step, epoch eta "
+                      f"{per * steps_left:.0f} s)", flush=True)
+            if state.step % cfg.train.log_every == 0:
+                self.log({"event": "step", "epoch": epoch, "step": state.step, "lr": opt.param_groups[0]["lr"],
+                          "grad_norm": gnorm, **stats}, echo=False)
+        opt.flush()
+        bar.close()
+        if self.elastic:
+            # The epoch's training is committed before evaluating: a worker lost from here on
+            # repeats the evaluation, not the steps.
+            self._fold(state, local)
+            state.commit()
+            return dict(zip(EPOCH_COUNTS, state.counts))
+        # Not elastic: the mean of the workers' per-batch means (each worker's batches count alike).
+        means = torch.tensor([local[k] / max(local["batches"], 1) for k in LOSSES], dtype=torch.float64)
+        means = hvd.allreduce(means, op=hvd.Average, name=f"trainloss.{epoch}")
+        skipped = hvd.allreduce(torch.tensor([local["skipped_utterances"]], dtype=torch.float64), op=hvd.Sum,
+                                name=f"skipped.{epoch}")
+        return {**dict(zip(LOSSES, means.tolist())), "batches": 1.0, "skipped_utterances": float(skipped[0])}
+
+    def train_step(self, batch, epoch: int, step: int):
+        """One optimizer step on one batch; returns (the model's stats or None for an empty batch, grad norm)."""
+        opt, scaler, device = self.opt, self.scaler, self.device
+        opt.zero_grad(set_to_none=True)
+        for utt_id, reason in batch.skipped:       # the loader could not use a file: say which, go on
+            print(f"[train] rank {self.rank} epoch {epoch} step {step}: skipped utterance {utt_id}: {reason}",
+                  file=sys.stderr, flush=True)
+        stats = None
+        if batch.ids:
+            feats, toks, tlen = batch.feats.to(device), batch.toks.to(device), batch.tlen.to(device)
+            with torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                loss, stats = self.model(feats, batch.flen, toks, tlen)
+            (scaler.scale(loss) if scaler else loss).backward()
+        # A batch whose every file was unreadable (or, elastic, the padding of the epoch's last
+        # step) still takes part in the step (zero gradients): every worker runs the same collectives.
+        opt.synchronize()
+        if scaler:
+            scaler.unscale_(opt)
+        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip))
+        with opt.skip_synchronize():
+            if scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+        return stats, gnorm
+
+    def _fold(self, state, local: dict) -> None:
+        """Elastic: add every worker's counts and time since the last commit to the state."""
+        hvd = self.hvd
+        total = hvd.allreduce(torch.tensor([local[k] for k in EPOCH_COUNTS], dtype=torch.float64), op=hvd.Sum,
+                              name="elastic.counts")
+        state.counts = tuple(a + b for a, b in zip(state.counts, total.tolist()))
+        local.update(dict.fromkeys(EPOCH_COUNTS, 0.0))
+        now = time.time()
+        state.train_s += now - self.progress["mark"]
+        self.progress["mark"] = now
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict:
+        """Greedy attention and CTC best-path WER on the dev set, each worker decoding its share;
+        unreadable utterances count as all words wrong, as asr-eval counts them."""
+        from .decode import ctc_greedy, greedy
+        from .loader import collate, eval_batches
+        hvd, model, dev_set, device = self.hvd, self.model, self.dev_set, self.device
+        model.eval()
+        errs = ctc_errs = words = 0
+        batches = eval_batches(dev_set.durations, self.cfg.decode.batch_seconds)
+        with torch.no_grad():
+            for b in batches[self.rank::hvd.size()]:
+                dev = collate([dev_set[i] for i in b])
+                unreadable = dict(dev.skipped)
+                lost = sum(len(dev_set.entries[i]["text"].split()) for i in b if dev_set.entries[i]["id"] in unreadable)
+                errs, ctc_errs, words = errs + lost, ctc_errs + lost, words + lost
+                if not dev.ids:
+                    continue
+                feats, flen = dev.feats.to(device), dev.flen
+                encoded = model.encode(feats, flen)                 # once, for both decoders
+                hyps = greedy(model, feats, flen, encoded=encoded)
+                ctc_hyps = ctc_greedy(model, feats, flen, encoded=encoded) if model.ctc_head is not None else hyps
+                for hyp, ctc_hyp, ref in zip(hyps, ctc_hyps, dev.texts):
+                    e, w = word_errors(ref, self.tok.decode(hyp))
+                    errs, words = errs + e, words + w
+                    ctc_errs += word_errors(ref, self.tok.decode(ctc_hyp))[0]
+        tot = hvd.allreduce(torch.tensor([errs, words, ctc_errs], dtype=torch.float64), op=hvd.Sum,
+                            name="devwer")
+        out = {"dev_wer_greedy": float(tot[0] / max(tot[1], 1))}
+        if model.ctc_head is not None:
+            out["dev_wer_ctc"] = float(tot[2] / max(tot[1], 1))
+        return out
+
+    # ------------------------------------------------------------------ record and checkpoint
+    def finish_epoch(self, state, counts: dict, dev: dict, train_s: float, eval_s: float, t0: float) -> None:
+        """Log the epoch's record, write the checkpoint, advance the position (and commit it)."""
+        from .checkpoint import atomic_save
+        hvd, opt, epoch = self.hvd, self.opt, state.epoch
+        comm = opt.comm_stats()["total"]
+        rec = {"event": "epoch", "epoch": epoch, "step": state.step,
+               **{f"train_{k}": counts[k] / max(counts["batches"], 1) for k in LOSSES},
+               **dev, "train_s": train_s, "eval_s": eval_s, "lr": opt.param_groups[0]["lr"],
+               "bits_per_element": comm["bits_per_element"],
+               "comm_wait_s": comm["wait_s"] - self.comm_before["wait_s"],
+               "skipped_utterances": int(counts["skipped_utterances"]),          # unreadable files, all workers
+               "skipped_steps": comm["skipped_steps"] - self.comm_before["skipped_steps"]}  # NaN/Inf averaged
+        if self.elastic:   # utterances trained in committed steps, all workers: the epoch's, each once
+            rec.update(workers=hvd.size(), utterances=int(counts["utterances"]))
+        self.comm_before.update(wait_s=comm["wait_s"], skipped_steps=comm["skipped_steps"])
+        opt_state = opt.gather_state_dict(root_rank=0)     # collective: every worker's codec state
+        if self.rank == 0:
+            cfg = self.cfg
+            ckpt = {"model": self.model.state_dict(), "optimizer": opt_state, "epoch": epoch, "step": state.step,
+                    "model_config": dataclasses.asdict(self.model_cfg), "config": cfg.to_dict(),
+                    "tokenizer": str(Path(cfg.data.tokenizer).resolve()),
+                    "stats": str(Path(cfg.data.stats).resolve()), "dev_wer_greedy": dev["dev_wer_greedy"]}
+            atomic_save(ckpt, self.out / "checkpoints" / f"epoch{epoch:03d}.pt")
+            atomic_save(ckpt, self.last)
+            if cfg.train.keep_epochs:
+                for old in sorted((self.out / "checkpoints").glob("epoch*.pt"))[:-cfg.train.keep_epochs]:
+                    old.unlink()
+        # The allreduce also makes everyone wait for the checkpoint.
+        epoch_s = (train_s + eval_s) if self.elastic else time.time() - t0
+        epoch_s = float(hvd.allreduce(torch.tensor(epoch_s, dtype=torch.float64), op=hvd.Max, name=f"epoch_s.{epoch}"))
+        state.trained_s += epoch_s
+        state.epoch_s = epoch_s
+        state.epochs_done = epoch + 1
+        state.epoch, state.batch = epoch + 1, 0
+        state.counts, state.train_s = (0.0,) * len(EPOCH_COUNTS), 0.0
+        self.progress["mark"] = time.time()
+        # Elastic: commit (save, log, then look for host changes: a HostsUpdatedInterrupt raised
+        # by the check comes after the saved state already holds this epoch and its record).
+        state.save()
+        self.log(rec)
+        state.check_host_updates()
 
 
 def main(argv=None) -> int:
     import horovod.torch as hvd
-    import horovod_ext as hx
-    from torch.utils.data import DataLoader
-    from tqdm import tqdm
 
-    from .checkpoint import atomic_save
     from .config import ConfigError, load_config
-    from .decode import ctc_greedy, greedy
-    from .loader import BucketBatchSampler, Normalizer, SpeechDataset, Tokenizer, collate, eval_batches
-    from .models.bfa import BFA, BFAConfig, parameter_count
 
     args = parse_args(argv)
     try:
@@ -148,312 +476,37 @@ def main(argv=None) -> int:
     # (or --min-np/--max-np), which sets HOROVOD_ELASTIC=1 for its workers.
     elastic = cfg.train.elastic or os.environ.get("HOROVOD_ELASTIC") == "1"
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    torch.set_num_threads(cfg.train.threads)
-    device = torch.device(f"cuda:{hvd.local_rank()}" if torch.cuda.is_available() else "cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    out = Path(cfg.train.out_dir)
-    log_path = out / "train_log.jsonl"
-
-    def log(rec: dict, echo: bool = True) -> None:
-        if hvd.rank() != 0:          # elastic: rank 0 after the last reset
-            return
-        out.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        if echo:
-            tqdm.write("[train] " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                             for k, v in rec.items() if not isinstance(v, dict)))
-
-    tok = Tokenizer(cfg.data.tokenizer)
-    norm = Normalizer(cfg.data.stats, cfg.data.cmvn)
-    train_set = SpeechDataset(cfg.data.train, tok, norm, max_duration=cfg.data.max_duration)
-    train_set.augmenter = build_augmenter(cfg, train_set, cfg.train.seed)
-    dev_set = SpeechDataset(cfg.data.dev, tok, norm)
-    if cfg.data.dev_subset:
-        dev_set.entries = dev_set.entries[:cfg.data.dev_subset]
-    sampler = BucketBatchSampler(train_set.durations, cfg.train.batch_seconds, cfg.train.max_batch, size, rank,
-                                 seed=cfg.train.seed, pad=elastic)
-    loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate, num_workers=cfg.train.loader_workers,
-                        persistent_workers=cfg.train.loader_workers > 0)
-
-    model_cfg = BFAConfig(vocab_size=tok.vocab_size, **dataclasses.asdict(cfg.model))
-    torch.manual_seed(cfg.train.seed)
-    model = BFA(model_cfg).to(device)
-    base = torch.optim.Adam(model.parameters(), lr=cfg.train.lr * size, weight_decay=cfg.train.weight_decay)
-    opt = hx.DistributedOptimizer(base, model.named_parameters(),
-                                  compression=hx.Compression.from_spec(cfg.train.compression),
-                                  backward_passes_per_step=cfg.train.backward_passes_per_step,
-                                  pipeline=cfg.train.pipeline, warmup_steps=cfg.train.comm_warmup_steps,
-                                  nonfinite=cfg.train.nonfinite)
-    start_epoch, step, fatal = 0, 0, ""
-    last = out / "checkpoints" / "last.pt"
-    if elastic:
-        # No collective before hvd.elastic.run: a worker that joins later runs this code while the
-        # others wait in the state's sync. Rank 0 reads last.pt and the sync hands its model,
-        # optimizer state, position and the replicated codec state to every worker (the others'
-        # error-feedback residuals start at zero); a checkpoint that cannot be read stops every worker.
-        if rank == 0 and args.resume and last.exists():
-            ckpt = load_resume_checkpoint(last)
-            if isinstance(ckpt, str):
-                fatal = ckpt
-            else:
-                model.load_state_dict(ckpt["model"])
-                opt.load_state_dict(ckpt["optimizer"])
-                start_epoch, step = ckpt["epoch"] + 1, ckpt["step"]
-                log({"event": "resume", "from": str(last), "epoch": start_epoch, "step": step,
-                     "codec_state_workers": ckpt["optimizer"].get("horovod_ext", {}).get("world_size")})
-                del ckpt
-        trained_s = _trained_seconds(log_path) if rank == 0 else 0.0
-    else:
-        resume = bool(hvd.broadcast_object(args.resume and last.exists() if rank == 0 else None, 0,
-                                           name="resume.exists"))
-        if resume:
-            ckpt = load_resume_checkpoint(last) if rank == 0 else None
-            # Rank 0 reads the file (other hosts need not see it); every rank gets the same model and
-            # optimizer state and picks its own share of the codec state (error-feedback residuals, RNG).
-            ckpt = hvd.broadcast_object(ckpt, 0, name="resume")
-            if isinstance(ckpt, str):
-                print(f"asr.train: {ckpt}", file=sys.stderr)
-                return 2
-            model.load_state_dict(ckpt["model"])
-            opt.load_state_dict(ckpt["optimizer"])
-            start_epoch, step = ckpt["epoch"] + 1, ckpt["step"]
-            log({"event": "resume", "from": str(last), "epoch": start_epoch, "step": step,
-                 "codec_state_workers": ckpt["optimizer"].get("horovod_ext", {}).get("world_size")})
-            del ckpt
-        else:
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            hvd.broadcast_optimizer_state(opt, root_rank=0)
-        trained_s = hvd.broadcast_object(_trained_seconds(log_path) if rank == 0 else None, 0, name="trained_s")
-    if start_epoch == 0 and not fatal:
-        log({"event": "start", "workers": size, "device": str(device), "parameters": parameter_count(model),
-             "vocab": tok.vocab_size, "train_utts": len(train_set), "dev_utts": len(dev_set),
-             "batches_per_epoch": len(sampler), "compression": cfg.train.compression,
-             "pipeline": cfg.train.pipeline, "peak_lr": cfg.train.lr * size, "config": cfg.to_dict(),
-             **({"elastic": True, "commit_every": cfg.train.commit_every} if elastic else {})})
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.amp)
-    if amp_dtype is not None and device.type != "cuda":
-        log({"event": "note", "message": f"train.amp={cfg.train.amp} is for GPU hosts; training in fp32 on the CPU"})
-        amp_dtype = None
-    scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
-    budget_s = cfg.train.max_minutes * 60
-    trace = None
-    if cfg.train.trace_utterances:
-        (out / "trace").mkdir(parents=True, exist_ok=True)
-        trace = open(out / "trace" / f"utts.{os.environ.get('HOROVOD_HOSTNAME', 'local')}.{rank}.{os.getpid()}.jsonl",
-                     "a")
-
+    trainer = Trainer(cfg, elastic)
+    start = trainer.resume(args.resume)
+    if start["epoch"] == 0 and not start["fatal"]:
+        trainer.log_start()
     # What a commit keeps (elastic: the TorchState's attributes, synced from rank 0 after a reset):
     # position (epoch, step, batches of the epoch consumed by all workers), the epoch's counts summed
     # over the workers at each commit, and the time figures of the budget.
-    values = dict(epoch=start_epoch, step=step, batch=0, counts=(0.0,) * len(EPOCH_COUNTS), train_s=0.0,
-                  trained_s=trained_s, epoch_s=0.0, epochs_done=start_epoch, fatal=fatal)
-    state = hvd.elastic.TorchState(model=model, optimizer=opt, **values) if elastic else _Run(**values)
-    comm_before = {"wait_s": 0.0, "skipped_steps": 0}   # comm_stats() counts from process start; the log wants each epoch's share
-    # This process's last completed step (elastic: rolled-back ones too) and the time its last
-    # commit was counted up to (so the time lost to a reset counts as training time).
-    progress = {"step": step, "mark": time.time()}
-
-    def on_reset():
-        log({"event": "reset", "workers": hvd.size(), "epoch": state.epoch, "step": state.step, "batch": state.batch,
-             "rolled_back_steps": max(progress["step"] - state.step, 0), "peak_lr": cfg.train.lr * hvd.size()})
-        progress["step"] = state.step
-
+    values = dict(epoch=start["epoch"], step=start["step"], batch=0, counts=(0.0,) * len(EPOCH_COUNTS),
+                  train_s=0.0, trained_s=start["trained_s"], epoch_s=0.0, epochs_done=start["epoch"],
+                  fatal=start["fatal"])
     if elastic:
+        state = hvd.elastic.TorchState(model=trainer.model, optimizer=trainer.opt, **values)
+
+        def on_reset():
+            trainer.log({"event": "reset", "workers": hvd.size(), "epoch": state.epoch, "step": state.step,
+                         "batch": state.batch, "rolled_back_steps": max(trainer.progress["step"] - state.step, 0),
+                         "peak_lr": cfg.train.lr * hvd.size()})
+            trainer.progress["step"] = state.step
+
         state.register_reset_callbacks([on_reset])
-
-    def train_epochs(state) -> int:
-        if state.fatal:
-            print(f"asr.train: {state.fatal}", file=sys.stderr)
-            return 2
-        rank, size = hvd.rank(), hvd.size()
-        sampler.set_world(size, rank)
-        peak_lr = cfg.train.lr * size
-        pending = [0.0] * len(EPOCH_COUNTS)      # elastic: this worker's counts since the last commit
-
-        def fold() -> None:
-            """Elastic: add every worker's counts and time since the last commit to the state."""
-            total = hvd.allreduce(torch.tensor(pending, dtype=torch.float64), op=hvd.Sum, name="elastic.counts")
-            state.counts = tuple(a + b for a, b in zip(state.counts, total.tolist()))
-            pending[:] = [0.0] * len(EPOCH_COUNTS)
-            now = time.time()
-            state.train_s += now - progress["mark"]
-            progress["mark"] = now
-
-        while state.epoch < cfg.train.epochs:
-            epoch = state.epoch
-            trained_s, epoch_s = state.trained_s, state.epoch_s
-            if budget_s and (trained_s >= budget_s or epoch_s > 0 and trained_s + epoch_s > budget_s):
-                # Stop before an epoch that would not end within the budget (all ranks decide alike: the
-                # figures come from allreduced/broadcast values).
-                log({"event": "budget", "message": f"stopping before epoch {epoch}: {trained_s / 60:.1f} of "
-                     f"train.max_minutes={cfg.train.max_minutes:g} used"
-                     + (f", an epoch takes {epoch_s / 60:.1f}" if epoch_s > 0 else "")})
-                break
-            torch.manual_seed(cfg.train.seed * 1000 + epoch * 10 + rank)   # dropout: reproducible per epoch
-            sampler.set_epoch(epoch, start=state.batch)
-            train_set.set_epoch(epoch)
-            model.train()
-            t0 = time.time()
-            sums = {"loss": 0.0, "att_loss": 0.0, "ctc_loss": 0.0, "acc": 0.0}
-            n = skipped_utts = 0
-            # A live bar on a terminal; under horovodrun (output piped, prefixed per line) a line every 30 s.
-            interactive = rank == 0 and sys.stderr.isatty()
-            bar = tqdm(loader, desc=f"epoch {epoch}", disable=not interactive, leave=False, dynamic_ncols=True)
-            last_note = time.time()
-            steps_left = len(sampler)
-            for batch in bar:
-                for g in opt.param_groups:
-                    g["lr"] = peak_lr * lr_factor(state.step, epoch, cfg.train.warmup_steps, cfg.train.decay)
-                opt.zero_grad(set_to_none=True)
-                for utt_id, reason in batch.skipped:       # the loader could not use a file: say which, go on
-                    skipped_utts += 1
-                    print(f"[train] rank {rank} epoch {epoch} step {state.step}: skipped utterance {utt_id}: {reason}",
-                          file=sys.stderr, flush=True)
-                stats = None
-                if batch.ids:
-                    feats, toks, tlen = batch.feats.to(device), batch.toks.to(device), batch.tlen.to(device)
-                    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                        loss, stats = model(feats, batch.flen, toks, tlen)
-                    (scaler.scale(loss) if scaler else loss).backward()
-                # A batch whose every file was unreadable (or, elastic, the padding of the epoch's last
-                # step) still takes part in the step (zero gradients): every worker runs the same collectives.
-                opt.synchronize()
-                if scaler:
-                    scaler.unscale_(opt)
-                gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip))
-                with opt.skip_synchronize():
-                    if scaler:
-                        scaler.step(opt)
-                        scaler.update()
-                    else:
-                        opt.step()
-                state.step += 1
-                progress["step"] = state.step
-                steps_left -= 1
-                if trace is not None:
-                    trace.write(json.dumps({"epoch": epoch, "step": state.step, "workers": size, "rank": rank,
-                                            "ids": batch.ids, "skipped": [u for u, _ in batch.skipped]}) + "\n")
-                    trace.flush()
-                if elastic:
-                    state.batch += size
-                    pending[4:] = [pending[4] + (stats is not None), pending[5] + len(batch.ids),
-                                   pending[6] + len(batch.skipped)]
-                    if stats is not None:
-                        for i, k in enumerate(sums):
-                            pending[i] += stats.get(k, 0.0)
-                    if state.step % cfg.train.commit_every == 0 and steps_left > 0:
-                        fold()
-                        state.commit()
-                if stats is None:
-                    continue
-                for k in sums:
-                    sums[k] += stats.get(k, 0.0)
-                n += 1
-                bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['acc']:.2f}")
-                if rank == 0 and not interactive and time.time() - last_note > 30:
-                    last_note = time.time()
-                    per = (last_note - t0) / max(n, 1)
-                    print(f"[train] epoch {epoch} batch {n}/{len(sampler)} loss {stats['loss']:.3f} "
-                          f"acc {stats['acc']:.2f} ({per:.2f} s/step, epoch eta {per * steps_left:.0f} s)", flush=True)
-                if state.step % cfg.train.log_every == 0:
-                    log({"event": "step", "epoch": epoch, "step": state.step, "lr": opt.param_groups[0]["lr"],
-                         "grad_norm": gnorm, **stats}, echo=False)
-            opt.flush()
-            bar.close()
-            if elastic:
-                # The epoch's training is committed before evaluating: a worker lost from here on
-                # repeats the evaluation, not the steps.
-                fold()
-                state.commit()
-                train_s = state.train_s
-            else:
-                train_s = time.time() - t0
-            t_eval = time.time()
-            # Greedy WER on the dev set, each worker decoding its share.
-            model.eval()
-            errs = ctc_errs = words = 0
-            batches = eval_batches(dev_set.durations, cfg.decode.batch_seconds)
-            with torch.no_grad():
-                for b in batches[rank::size]:
-                    dev = collate([dev_set[i] for i in b])
-                    unreadable = dict(dev.skipped)         # counted as all words wrong, as asr-eval does
-                    lost = sum(len(dev_set.entries[i]["text"].split()) for i in b
-                               if dev_set.entries[i]["id"] in unreadable)
-                    errs, ctc_errs, words = errs + lost, ctc_errs + lost, words + lost
-                    if not dev.ids:
-                        continue
-                    feats, flen, texts = dev.feats.to(device), dev.flen, dev.texts
-                    encoded = model.encode(feats, flen)                 # once, for both decoders
-                    hyps = greedy(model, feats, flen, encoded=encoded)
-                    ctc_hyps = ctc_greedy(model, feats, flen, encoded=encoded) if model.ctc_head is not None else hyps
-                    for hyp, ctc_hyp, ref in zip(hyps, ctc_hyps, texts):
-                        e, w = word_errors(ref, tok.decode(hyp))
-                        errs, words = errs + e, words + w
-                        ctc_errs += word_errors(ref, tok.decode(ctc_hyp))[0]
-            if elastic:
-                counts = dict(zip(EPOCH_COUNTS, state.counts))
-                tot = hvd.allreduce(torch.tensor([errs, words, ctc_errs, 0], dtype=torch.float64), op=hvd.Sum,
-                                    name=f"devwer.{epoch}")
-                tot[3] = counts["skipped_utterances"]
-                mean = torch.tensor([counts[k] / max(counts["batches"], 1) for k in sums], dtype=torch.float64)
-            else:
-                tot = hvd.allreduce(torch.tensor([errs, words, ctc_errs, skipped_utts], dtype=torch.float64),
-                                    op=hvd.Sum, name=f"devwer.{epoch}")
-                mean = hvd.allreduce(torch.tensor([sums[k] / max(n, 1) for k in sums], dtype=torch.float64),
-                                     op=hvd.Average, name=f"trainloss.{epoch}")
-            dev_wer = float(tot[0] / max(tot[1], 1))
-            comm = opt.comm_stats()["total"]
-            rec = {"event": "epoch", "epoch": epoch, "step": state.step, "train_loss": float(mean[0]),
-                   "train_att_loss": float(mean[1]), "train_ctc_loss": float(mean[2]), "train_acc": float(mean[3]),
-                   "dev_wer_greedy": dev_wer,
-                   **({"dev_wer_ctc": float(tot[2] / max(tot[1], 1))} if model.ctc_head is not None else {}),
-                   "train_s": train_s, "eval_s": time.time() - t_eval,
-                   "lr": opt.param_groups[0]["lr"], "bits_per_element": comm["bits_per_element"],
-                   "comm_wait_s": comm["wait_s"] - comm_before["wait_s"],
-                   "skipped_utterances": int(tot[3]),                      # unreadable files, all workers
-                   "skipped_steps": comm["skipped_steps"] - comm_before["skipped_steps"]}  # NaN/Inf averaged gradients
-            if elastic:   # utterances trained in committed steps, all workers: the epoch's, each once
-                rec.update(workers=size, utterances=int(counts["utterances"]))
-            comm_before.update(wait_s=comm["wait_s"], skipped_steps=comm["skipped_steps"])
-            opt_state = opt.gather_state_dict(root_rank=0)     # collective: every worker's codec state
-            if rank == 0:
-                ckpt = {"model": model.state_dict(), "optimizer": opt_state, "epoch": epoch, "step": state.step,
-                        "model_config": dataclasses.asdict(model_cfg), "config": cfg.to_dict(),
-                        "tokenizer": str(Path(cfg.data.tokenizer).resolve()),
-                        "stats": str(Path(cfg.data.stats).resolve()), "dev_wer_greedy": dev_wer}
-                atomic_save(ckpt, out / "checkpoints" / f"epoch{epoch:03d}.pt")
-                atomic_save(ckpt, last)
-                if cfg.train.keep_epochs:
-                    for old in sorted((out / "checkpoints").glob("epoch*.pt"))[:-cfg.train.keep_epochs]:
-                        old.unlink()
-            # The allreduce also makes everyone wait for the checkpoint.
-            epoch_s = (train_s + rec["eval_s"]) if elastic else time.time() - t0
-            epoch_s = float(hvd.allreduce(torch.tensor(epoch_s, dtype=torch.float64), op=hvd.Max,
-                                          name=f"epoch_s.{epoch}"))
-            state.trained_s += epoch_s
-            state.epoch_s = epoch_s
-            state.epochs_done = epoch + 1
-            state.epoch, state.batch = epoch + 1, 0
-            state.counts, state.train_s = (0.0,) * len(EPOCH_COUNTS), 0.0
-            progress["mark"] = time.time()
-            # Elastic: commit (save, log, then look for host changes: a HostsUpdatedInterrupt raised
-            # by the check comes after the saved state already holds this epoch and its record).
-            state.save()
-            log(rec)
-            state.check_host_updates()
-        return 0
-
-    rc = hvd.elastic.run(train_epochs)(state) if elastic else train_epochs(state)
-    if trace is not None:
-        trace.close()
+        rc = hvd.elastic.run(trainer.run)(state)
+    else:
+        state = _Run(**values)
+        rc = trainer.run(state)
+    if trainer.trace is not None:
+        trainer.trace.close()
     if rc:
         return rc
     if hvd.rank() == 0:
-        (out / "DONE").write_text(json.dumps({"epochs": state.epochs_done, "step": state.step,
-                                              "train_minutes": round(state.trained_s / 60, 2)}) + "\n")
+        (trainer.out / "DONE").write_text(json.dumps({"epochs": state.epochs_done, "step": state.step,
+                                                      "train_minutes": round(state.trained_s / 60, 2)}) + "\n")
     return 0
 
 
