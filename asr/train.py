@@ -120,7 +120,16 @@ class _Run:
         pass
 
 
-EPOCH_COUNTS = ("loss", "att_loss", "ctc_loss", "acc", "batches", "utterances", "skipped_utterances")
+EPOCH_COUNTS = ("loss", "att_loss", "ctc_loss", "acc", "batches", "utterances", "skipped_utterances", "audio_s")
+FRAMES_PER_SECOND = 100          # feature frames per second of audio (10 ms hop)
+
+
+def cores_in_use(cfg, size: int, local_size: int) -> int:
+    """CPU cores the run occupies: per host, its workers' threads and loader processes, at most the
+    host's cores; times the hosts (for the audio seconds per core-second figure)."""
+    host = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    per_host = min(host, local_size * (cfg.train.threads + cfg.train.loader_workers))
+    return per_host * max(1, size // max(local_size, 1))
 LOSSES = EPOCH_COUNTS[:4]
 
 
@@ -180,6 +189,7 @@ class Trainer:
             (self.out / "trace").mkdir(parents=True, exist_ok=True)
             host = os.environ.get("HOROVOD_HOSTNAME", "local")
             self.trace = open(self.out / "trace" / f"utts.{host}.{self.rank}.{os.getpid()}.jsonl", "a")
+        self.cores = cores_in_use(cfg, size, hvd.local_size())
         self.comm_before = {"wait_s": 0.0, "skipped_steps": 0}   # comm_stats() counts from process start
         self.progress = {"step": 0, "mark": time.time()}         # last completed step; time counted up to
 
@@ -203,7 +213,8 @@ class Trainer:
                   "parameters": parameter_count(self.model), "vocab": self.tok.vocab_size,
                   "train_utts": len(self.train_set), "dev_utts": len(self.dev_set),
                   "batches_per_epoch": len(self.sampler), "compression": cfg.train.compression,
-                  "pipeline": cfg.train.pipeline, "peak_lr": cfg.train.lr * self.hvd.size(), "config": cfg.to_dict(),
+                  "pipeline": cfg.train.pipeline, "peak_lr": cfg.train.lr * self.hvd.size(), "cores": self.cores,
+                  "config": cfg.to_dict(),
                   **({"elastic": True, "commit_every": cfg.train.commit_every} if self.elastic else {})})
 
     # ------------------------------------------------------------------ resume
@@ -259,6 +270,7 @@ class Trainer:
             return 2
         self.rank = hvd.rank()
         self.sampler.set_world(hvd.size(), self.rank)
+        self.cores = cores_in_use(self.cfg, hvd.size(), hvd.local_size())
         budget_s = self.cfg.train.max_minutes * 60
         while state.epoch < self.cfg.train.epochs:
             if budget_s and (state.trained_s >= budget_s
@@ -309,6 +321,7 @@ class Trainer:
             local["batches"] += stats is not None
             local["utterances"] += len(batch.ids)
             local["skipped_utterances"] += len(batch.skipped)
+            local["audio_s"] += float(batch.flen.sum()) / FRAMES_PER_SECOND
             for k in LOSSES:
                 local[k] += stats.get(k, 0.0) if stats is not None else 0.0
             if self.elastic:
@@ -339,9 +352,10 @@ class Trainer:
         # Not elastic: the mean of the workers' per-batch means (each worker's batches count alike).
         means = torch.tensor([local[k] / max(local["batches"], 1) for k in LOSSES], dtype=torch.float64)
         means = hvd.allreduce(means, op=hvd.Average, name=f"trainloss.{epoch}")
-        skipped = hvd.allreduce(torch.tensor([local["skipped_utterances"]], dtype=torch.float64), op=hvd.Sum,
-                                name=f"skipped.{epoch}")
-        return {**dict(zip(LOSSES, means.tolist())), "batches": 1.0, "skipped_utterances": float(skipped[0])}
+        summed = hvd.allreduce(torch.tensor([local["skipped_utterances"], local["audio_s"]], dtype=torch.float64),
+                               op=hvd.Sum, name=f"epoch_sums.{epoch}")
+        return {**dict(zip(LOSSES, means.tolist())), "batches": 1.0, "skipped_utterances": float(summed[0]),
+                "audio_s": float(summed[1])}
 
     def train_step(self, batch, epoch: int, step: int):
         """One optimizer step on one batch; returns (the model's stats or None for an empty batch, grad norm)."""
@@ -426,6 +440,8 @@ class Trainer:
                "bits_per_element": comm["bits_per_element"],
                "comm_wait_s": comm["wait_s"] - self.comm_before["wait_s"],
                "skipped_utterances": int(counts["skipped_utterances"]),          # unreadable files, all workers
+               "audio_s": counts["audio_s"],                                     # audio trained on, all workers
+               "audio_per_core_s": counts["audio_s"] / max(train_s, 1e-9) / self.cores,
                "skipped_steps": comm["skipped_steps"] - self.comm_before["skipped_steps"]}  # NaN/Inf averaged
         if self.elastic:   # utterances trained in committed steps, all workers: the epoch's, each once
             rec.update(workers=hvd.size(), utterances=int(counts["utterances"]))

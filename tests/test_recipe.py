@@ -164,6 +164,8 @@ def test_train_under_horovodrun_with_compression_and_pipelining(corpus, tmp_path
     assert len(epochs) == 2 and epochs[1]["train_loss"] < epochs[0]["train_loss"]
     # The communication wait is each epoch's own share, within that epoch's training time.
     assert all(0 <= e["comm_wait_s"] <= e["train_s"] for e in epochs)
+    # Throughput: the audio trained on, per core-second, in the log (2 workers x (1 thread + 1 loader) here).
+    assert start["cores"] >= 1 and all(e["audio_s"] > 0 and e["audio_per_core_s"] > 0 for e in epochs)
     assert (run / "checkpoints" / "epoch001.pt").exists() and (run / "DONE").exists()
     # Both ranks' loader workers share the simulated rooms through rir_cache/ next to the training manifest.
     assert list((corpus / "rir_cache").glob("room-*.pt"))
