@@ -65,8 +65,13 @@ def load_checkpoint(path):
     model = BFA(BFAConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     model.eval()
-    cmvn = ckpt.get("config", {}).get("data", {}).get("cmvn", "global")   # older checkpoints: global
-    return model, Tokenizer(ckpt["tokenizer"]), Normalizer(ckpt["stats"], cmvn), ckpt
+    config = ckpt.get("config", {})
+    cmvn = config.get("data", {}).get("cmvn", "global")   # older checkpoints: global
+    try:   # the features the run asked for (older checkpoints: none) must be the statistics file's
+        norm = Normalizer(ckpt["stats"], cmvn, expect=config.get("features"))
+    except ValueError as e:
+        raise SystemExit(f"asr-eval: {path}: {e}")
+    return model, Tokenizer(ckpt["tokenizer"]), norm, ckpt
 
 
 def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0, limit: int = 0,

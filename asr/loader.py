@@ -5,7 +5,6 @@ features, normalization, tokenization); the trainer receives padded feature tens
 """
 from __future__ import annotations
 
-import json
 import logging
 import random
 from pathlib import Path
@@ -16,7 +15,8 @@ from torch.utils.data import Dataset, Sampler
 
 from .config import CHOICES
 from .data.manifest import audio_path, read_manifest
-from .features import N_MELS, compute_features
+from .data.stats import read_stats
+from .frontend import N_MELS, compute_features, load_wave
 
 log = logging.getLogger(__name__)
 
@@ -27,21 +27,25 @@ class Normalizer:
     ``cmvn="global"``: one mean and deviation per mel band for the whole corpus, from ``asr-prep stats``.
     ``cmvn="utterance"``: each utterance's own mean and deviation per band, so a voice's or a room's
     spectral colouring (a constant offset per band in the compressed mel domain) is removed before the
-    model sees it; the statistics file then only tells the feature compression."""
+    model sees it; the statistics file then only tells the feature settings.
+
+    ``settings``: the feature settings the statistics were computed with (asr.frontend.FeatureSettings), which
+    every feature of the run must use. ``expect``: the settings a config asks for (its ``features`` section, a
+    mapping of some settings, or FeatureSettings); any that differ raise FeatureMismatchError naming the file and
+    both values."""
 
     MODES = CHOICES["data.cmvn"]
 
-    def __init__(self, stats_path, cmvn: str = "global"):
+    def __init__(self, stats_path, cmvn: str = "global", expect=None):
         if cmvn not in self.MODES:
             raise ValueError(f"cmvn must be one of {self.MODES}, got {cmvn!r}")
-        stats = json.loads(Path(stats_path).read_text())
-        for key in ("mean", "std"):
-            if key not in stats or len(stats[key]) != 40:
-                raise ValueError(f"{stats_path}: expected 40-dim '{key}' (written by asr-prep stats)")
+        stats = read_stats(stats_path)
+        stats.settings.check(expect, stats_path)
+        self.stats_path = str(stats_path)
         self.cmvn = cmvn
-        self.mean = torch.tensor(stats["mean"], dtype=torch.float32)
-        self.std = torch.tensor(stats["std"], dtype=torch.float32).clamp_min(1e-5)
-        self.compression = stats.get("compression", "power")
+        self.settings = stats.settings
+        self.mean = stats.mean
+        self.std = stats.std.clamp_min(1e-5)
 
     def __call__(self, feats: torch.Tensor) -> torch.Tensor:
         if self.cmvn == "utterance":
@@ -87,10 +91,11 @@ class SkippedItem(NamedTuple):
 
 
 class SpeechDataset(Dataset):
-    """Utterances of a manifest -> (utt_id, normalized features [T, 40], token ids, text).
+    """Utterances of a manifest -> (utt_id, normalized features [T, n_mels], token ids, text).
 
-    With an ``augmenter`` (training), features come from it and depend on (seed, epoch, utt id);
-    without one (evaluation), clean features are computed. An utterance whose audio cannot be read or gives
+    With an ``augmenter`` (training), features come from it and depend on (seed, epoch, utt id); its feature
+    settings must be the statistics file's (checked when it is set); without one (evaluation), clean features
+    are computed with the statistics file's settings. An utterance whose audio cannot be read or gives
     no usable features comes back as a :class:`SkippedItem` (the reason names the file; logged once per
     process), so one bad file costs one utterance, not the run."""
 
@@ -113,6 +118,18 @@ class SpeechDataset(Dataset):
         self._epoch.fill_(int(epoch))
 
     @property
+    def augmenter(self):
+        return self._augmenter
+
+    @augmenter.setter
+    def augmenter(self, augmenter) -> None:
+        features = getattr(getattr(augmenter, "config", None), "features", None)
+        if features is not None:
+            self.normalizer.settings.check(features, self.normalizer.stats_path,
+                                           "the augmenter (AugmentConfig.features)")
+        self._augmenter = augmenter
+
+    @property
     def durations(self) -> list[float]:
         return [e["duration"] for e in self.entries]
 
@@ -120,15 +137,15 @@ class SpeechDataset(Dataset):
         return len(self.entries)
 
     def __getitem__(self, i: int):
-        from .augment.dataset import load_wave
         e = self.entries[i]
         path = audio_path(e, self.manifest)
+        settings = self.normalizer.settings
         try:
-            wave = load_wave(path)                 # ValueError naming the file: unreadable, empty, corrupt
+            wave = load_wave(path, settings.sample_rate)   # AudioError (a ValueError) naming the file
             if self.augmenter is not None:
                 feats, _ = self.augmenter(wave, e["id"], int(self._epoch))
             else:
-                feats = compute_features(wave, compression=self.normalizer.compression)
+                feats = compute_features(wave, settings)
             feats = self.normalizer(feats)
         except (ValueError, RuntimeError, OSError, EOFError) as err:
             reason = str(err) if str(path) in str(err) else f"{path}: {type(err).__name__}: {err}"
@@ -150,10 +167,10 @@ class Batch(NamedTuple):
     """A padded batch from :func:`collate`.
 
     ``skipped`` lists ``(utt_id, reason)`` of the utterances dropped from it (see :class:`SkippedItem`). A batch
-    whose items were all dropped has zero utterances (feats [0, 0, 40], toks [0, 1], empty lengths, ids and
+    whose items were all dropped has zero utterances (feats [0, 0, N_MELS], toks [0, 1], empty lengths, ids and
     texts): the trainer still takes part in the step, so every rank runs the same number of steps."""
     ids: list[str]
-    feats: torch.Tensor                # [B, T, 40] float32, padded with 0
+    feats: torch.Tensor                # [B, T, n_mels] float32, padded with 0
     flen: torch.Tensor                 # [B] int64 feature frames
     toks: torch.Tensor                 # [B, L] int64 token ids padded with -1, L >= 1
     tlen: torch.Tensor                 # [B] int64 tokens

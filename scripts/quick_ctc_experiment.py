@@ -22,11 +22,11 @@ import torch
 from asr.config import CHOICES
 
 
-def load_or_cache(corpus: Path, split: str, cache_dir: Path, limit: int | None):
-    from asr.augment.dataset import load_wave
+def load_or_cache(corpus: Path, split: str, cache_dir: Path, limit: int | None, settings):
+    """Clean features of a split (``settings``: the statistics file's FeatureSettings), cached on disk."""
     from asr.checkpoint import CheckpointError, atomic_save, load_checkpoint
     from asr.data.manifest import audio_path, read_manifest
-    from asr.features import compute_features
+    from asr.frontend import compute_features, load_wave
     cache = cache_dir / f"{split}.pt"
     entries = read_manifest(corpus / f"{split}.jsonl")
     feats = None
@@ -41,7 +41,8 @@ def load_or_cache(corpus: Path, split: str, cache_dir: Path, limit: int | None):
             print(f"rebuilding the feature cache: {e}", flush=True)
             feats = None
     if feats is None:
-        feats = [compute_features(load_wave(audio_path(e, corpus / f"{split}.jsonl"))).half() for e in entries]
+        feats = [compute_features(load_wave(audio_path(e, corpus / f"{split}.jsonl"), settings.sample_rate),
+                                  settings).half() for e in entries]
         atomic_save(feats, cache)
     pairs = list(zip(entries, feats))
     if limit:
@@ -78,10 +79,9 @@ def main():
     tok = Tokenizer(a.tokenizer or a.corpus / "tokenizer" / "tokenizer.model")
     norm = Normalizer(a.corpus / "stats" / "feature_stats.json", a.cmvn)
     cache = a.corpus / "quick_cache"
-    train = load_or_cache(a.corpus, "train", cache, a.train_limit)
-    evals = {"train": load_or_cache(a.corpus, "train", cache, a.eval_limit),
-             "dev": load_or_cache(a.corpus, "dev", cache, a.eval_limit),
-             "test": load_or_cache(a.corpus, "test", cache, a.eval_limit)}
+    train = load_or_cache(a.corpus, "train", cache, a.train_limit, norm.settings)
+    evals = {split: load_or_cache(a.corpus, split, cache, a.eval_limit, norm.settings)
+             for split in ("train", "dev", "test")}
 
     def prep(e, f):
         return e["id"], norm(f.float()), tok.encode(e["text"]), e["text"]

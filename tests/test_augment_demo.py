@@ -4,7 +4,8 @@ import json
 import numpy as np
 import soundfile as sf
 
-from asr.augment import bench, demo
+from asr.augment import bench
+from asr.data import augment_demo as demo
 
 FS = 16000
 

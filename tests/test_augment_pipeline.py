@@ -116,8 +116,10 @@ def test_bad_config_and_inputs_are_named(tmp_path):
         AugmentConfig(snr_db=(30, 0))
     with pytest.raises(ValueError, match="noise_sources"):
         AugmentConfig(noise_sources=(0, 4))
-    with pytest.raises(ValueError, match="features"):
-        AugmentConfig(features="mfcc")
+    with pytest.raises(ValueError, match="mel_compression"):
+        AugmentConfig(features={"mel_compression": "mfcc"})
+    with pytest.raises(ValueError, match="AugmentConfig.features"):
+        AugmentConfig(features=3)
     with pytest.raises(ValueError, match="sim_prob"):
         AugmentConfig(sim_prob=1.5)
     with pytest.raises(ValueError, match="babble"):
@@ -130,6 +132,19 @@ def test_bad_config_and_inputs_are_named(tmp_path):
     ds = AugmentedDataset([("u", path)], Augmenter())
     with pytest.raises(ValueError, match="8k.wav.*8000"):
         ds[0]
+
+
+def test_feature_settings_reach_the_features():
+    """AugmentConfig.features are the front end's settings: the augmenter computes with them (log here), and the
+    old string keyword (features="log", asr/train.py's until it passes FeatureSettings) still means
+    mel_compression."""
+    from asr.frontend import FeatureSettings, compute_features
+    wave = _wave(4, 0.5)
+    settings = FeatureSettings(mel_compression="log")
+    feats, _ = Augmenter(AugmentConfig(vtlp=False, sim_prob=0.0, features=settings))(wave, "u", 0)
+    torch.testing.assert_close(feats, compute_features(wave, settings), rtol=1e-5, atol=1e-6)
+    assert AugmentConfig(features="log").features == settings
+    assert AugmentConfig(features=settings.to_dict()).features == settings
 
 
 def test_spawned_workers_match_too():

@@ -1,5 +1,6 @@
-"""VTLP: warp factor 1 is torchaudio's filterbank bit for bit, warped banks stay monotone and cover the band, and
-the warp is Kaldi's VTLN warp with the inverse factor."""
+"""VTLP (the front end's warped mel filterbank, the augmenter's warp draw): warp factor 1 is torchaudio's
+filterbank bit for bit, warped banks stay monotone and cover the band, and the warp is Kaldi's VTLN warp with the
+inverse factor."""
 import numpy as np
 import pytest
 import torch
@@ -7,35 +8,34 @@ import torchaudio
 import torchaudio.functional as F
 from torchaudio.compliance import kaldi
 
-from asr.augment.features import mel_features
-from asr.augment.vtlp import (cached_filterbank, mel_points_hz, sample_warp, warp_frequencies,
-                              warped_mel_filterbank)
+from asr.augment.vtlp import sample_warp
+from asr.frontend import FeatureSettings, mel_features, mel_filterbank, mel_points_hz, warp_frequencies
 
 SR, NYQ = 16000, 8000.0
 
 
 def test_factor_one_is_torchaudio_exactly():
     ref = F.melscale_fbanks(257, 20.0, 8000.0, 40, SR, norm=None, mel_scale="htk")
-    assert torch.equal(warped_mel_filterbank(warp=1.0), ref)
-    assert torch.equal(cached_filterbank(1.0), ref)
+    assert torch.equal(mel_filterbank(), ref)
+    assert torch.equal(mel_filterbank(FeatureSettings(), 1.0), ref)
     # other shapes take the same path
     ref2 = F.melscale_fbanks(201, 0.0, 7600.0, 80, SR, norm=None, mel_scale="htk")
-    assert torch.equal(warped_mel_filterbank(n_fft=400, n_mels=80, f_min=0.0, f_max=7600.0), ref2)
+    assert torch.equal(mel_filterbank(FeatureSettings(n_fft=400, n_mels=80, f_min=0.0, f_max=7600.0)), ref2)
 
 
 def test_factor_one_features_equal_torchaudio_melspectrogram():
     wave = torch.randn(SR * 2, generator=torch.Generator().manual_seed(0)) * 0.1
     mel = torchaudio.transforms.MelSpectrogram(SR, n_fft=512, win_length=400, hop_length=160, f_min=20.0,
                                                f_max=8000.0, n_mels=40, mel_scale="htk")(wave).t()
-    fb = warped_mel_filterbank(warp=1.0)
-    assert torch.equal(mel_features(wave, fb, "log"), torch.log(mel + 1e-6))
-    assert torch.equal(mel_features(wave, fb, "power"), mel.pow(1.0 / 15.0))
+    fb = mel_filterbank(warp=1.0)
+    assert torch.equal(mel_features(wave, fb, FeatureSettings(mel_compression="log")), torch.log(mel + 1e-6))
+    assert torch.equal(mel_features(wave, fb, FeatureSettings(mel_compression="power")), mel.pow(1.0 / 15.0))
     assert mel_features(wave, fb).shape == (201, 40) and mel_features(wave, fb).dtype == torch.float32
 
 
 @pytest.mark.parametrize("warp", [0.9, 1.0, 1.1])
 def test_warped_bank_is_monotone_and_covers_the_band(warp):
-    fb = warped_mel_filterbank(warp=warp)
+    fb = mel_filterbank(warp=warp)
     pts = mel_points_hz(warp=warp)
     assert fb.shape == (257, 40)
     assert torch.all(pts[1:] > pts[:-1]), "corner/centre frequencies must increase"
@@ -78,7 +78,7 @@ def test_warp_is_kaldi_vtln_with_inverse_factor(alpha):
     torch.testing.assert_close(mine[interior], theirs_lo[interior], rtol=1e-12, atol=1e-9)
     assert not torch.allclose(mine[f < 20.0], theirs_lo[f < 20.0])   # Kaldi pins low_freq; the paper does not
     # and Kaldi's own warped filterbank puts its centres where ours are (it triangulates in mel, we in Hz)
-    ours = mel_points_hz(40, SR, 0.0, NYQ, alpha)[1:-1]
+    ours = mel_points_hz(FeatureSettings(n_mels=40, sample_rate=SR, f_min=0.0, f_max=NYQ), alpha)[1:-1]
     _, centres = kaldi.get_mel_banks(40, 512, float(SR), 0.0, NYQ, 100.0, 4800.0, 1.0 / alpha)
     torch.testing.assert_close(ours, centres.flatten(), rtol=1e-5, atol=1e-3)
 
@@ -95,8 +95,8 @@ def test_sample_warp_is_seeded_and_in_range():
 
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="f_max"):
-        warped_mel_filterbank(f_max=9000.0)
+        FeatureSettings(f_max=9000.0)
     with pytest.raises(ValueError, match="boundary_hz"):
-        warped_mel_filterbank(warp=1.1, boundary_hz=9000.0)
+        mel_filterbank(warp=1.1, boundary_hz=9000.0)
     with pytest.raises(ValueError, match="warp"):
-        warped_mel_filterbank(warp=0.0)
+        mel_filterbank(warp=0.0)

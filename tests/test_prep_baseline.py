@@ -5,7 +5,8 @@ import subprocess
 
 import pytest
 
-from asr.data.audio import load_checked, md5_file
+from asr.data.audio import md5_file
+from asr.frontend import read_audio
 from asr.data.baseline import clean_hypothesis
 from asr.data.cli import main
 from asr.data.manifest import write_manifest
@@ -24,7 +25,7 @@ def test_baseline_decodes_and_scores(tmp_path, capsys):
     for i, text in enumerate(texts):
         wav = tmp_path / f"u{i}.wav"
         subprocess.run(["flite", "-voice", "kal16", "-t", text, "-o", str(wav)], check=True)
-        data, sr = load_checked(wav)
+        data, sr = read_audio(wav, strict=True)
         assert sr == 16000
         entries.append({"id": f"u{i}", "audio_filepath": wav.name, "duration": len(data) / sr, "text": text,
                         "speaker": "flite:kal16", "md5": md5_file(wav)})

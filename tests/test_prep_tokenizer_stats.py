@@ -11,7 +11,8 @@ import torch
 from asr.checkpoint import load_checkpoint
 from asr.data.cli import main
 from asr.data.manifest import write_manifest
-from asr.features import compute_features
+from asr.data.stats import read_stats
+from asr.frontend import FeatureSettings, compute_features
 
 WORDS = ("alarm timer weather music call message tomorrow morning seven thirty play navigate city remind "
          "the a to for in of and my me please set turn on off").split()
@@ -52,10 +53,12 @@ def test_compute_features_shape_and_compression():
     f = compute_features(wave)
     assert f.shape == (101, 40) and torch.isfinite(f).all() and (f >= 0).all()
     assert compute_features(wave[None]).shape == (101, 40)
-    log = compute_features(wave, compression="log")
+    log = compute_features(wave, FeatureSettings(mel_compression="log"))
     assert torch.allclose(torch.exp(log), f.pow(15) + 1e-6, rtol=1e-3, atol=1e-6)
     with pytest.raises(ValueError):
-        compute_features(wave, compression="cube")
+        FeatureSettings(mel_compression="cube")
+    with pytest.raises(ValueError, match="8000 Hz"):
+        compute_features(wave, sample_rate=8000)
 
 
 def test_stats_writes_json_pt_and_png(tmp_path, capsys):
@@ -68,8 +71,9 @@ def test_stats_writes_json_pt_and_png(tmp_path, capsys):
     assert main(["stats", "--manifest", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "stats"),
                  "--jobs", "2"]) == 0
     stats = json.loads((tmp_path / "stats" / "feature_stats.json").read_text())
-    assert stats["n_mels"] == 40 and len(stats["mean"]) == 40 and len(stats["var"]) == 40
-    assert stats["frames"] == 51 + 121 + 251 and stats["compression"] == "power"
+    assert stats["features"] == FeatureSettings().to_dict() and len(stats["mean"]) == 40 and len(stats["var"]) == 40
+    assert stats["frames"] == 51 + 121 + 251
+    assert read_stats(tmp_path / "stats" / "feature_stats.json").settings == FeatureSettings()
     feats = torch.cat([compute_features(torch.from_numpy(sf.read(tmp_path / f"s{i}.flac", dtype="float32")[0]))
                        for i in range(3)]).double()
     assert np.allclose(stats["mean"], feats.mean(0).numpy(), rtol=1e-6)
@@ -81,10 +85,14 @@ def test_stats_writes_json_pt_and_png(tmp_path, capsys):
     assert "durations: 3 utterances" in out and "2-3 s" in out
 
 
-def test_features_match_the_augmentation_pipeline_framing():
-    """Stats are only valid for training if both compute the same features (skipped until asr.augment exists)."""
-    aug = pytest.importorskip("asr.augment.features")
-    vtlp = pytest.importorskip("asr.augment.vtlp")
-    wave = torch.from_numpy(np.random.default_rng(1).standard_normal(8000).astype(np.float32) * 0.1)
-    theirs = aug.mel_features(wave, vtlp.warped_mel_filterbank())
-    assert torch.allclose(compute_features(wave), theirs, rtol=1e-4, atol=1e-6)
+def test_stats_record_the_settings_they_were_computed_with(tmp_path):
+    """asr-prep stats --mel-compression log: the file says so, and its mean is that of log features."""
+    t = np.arange(8000) / 16000
+    sf.write(tmp_path / "a.flac", (0.2 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000)
+    write_manifest(tmp_path / "m.jsonl", [{"id": "a", "audio_filepath": "a.flac", "duration": 0.5, "text": "x"}])
+    assert main(["stats", "--manifest", str(tmp_path / "m.jsonl"), "--out", str(tmp_path / "st"), "--jobs", "1",
+                 "--mel-compression", "log"]) == 0
+    stats = read_stats(tmp_path / "st" / "feature_stats.json")
+    assert stats.settings == FeatureSettings(mel_compression="log")
+    feats = compute_features(torch.from_numpy(sf.read(tmp_path / "a.flac", dtype="float32")[0]), stats.settings)
+    assert np.allclose(stats.mean.numpy(), feats.double().mean(0).numpy(), rtol=1e-5)

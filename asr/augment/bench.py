@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torchaudio.functional as AF
 
-from .features import SAMPLE_RATE
+from ..frontend import SAMPLE_RATE
 from .pipeline import AugmentConfig, Augmenter
 
 

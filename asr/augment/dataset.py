@@ -5,40 +5,25 @@ workers too (a plain attribute would stay frozen in each worker's copy, silently
 """
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import numpy as np
-import soundfile as sf
 import torch
 from torch.utils.data import Dataset
 
-from .features import SAMPLE_RATE
+from ..frontend import load_wave
 from .pipeline import Augmenter
-
-
-def load_wave(path) -> torch.Tensor:
-    """Mono float32 waveform of a 16 kHz audio file; errors name the file."""
-    try:
-        data, rate = sf.read(os.fspath(path), dtype="float32", always_2d=True)
-    except (OSError, RuntimeError, sf.LibsndfileError) as e:
-        raise ValueError(f"{path}: cannot read audio: {e}") from e
-    if rate != SAMPLE_RATE:
-        raise ValueError(f"{path}: sample rate {rate} Hz, expected {SAMPLE_RATE} Hz (resample it in asr-prep)")
-    if data.shape[0] == 0:
-        raise ValueError(f"{path}: no samples")
-    return torch.from_numpy(np.ascontiguousarray(data.mean(axis=1)))
 
 
 class _ItemBabble:
     """Babble talkers drawn from the dataset's items (a class, not a lambda, so it pickles for spawned workers)."""
 
-    def __init__(self, items):
-        self.items = items
+    def __init__(self, items, sample_rate: int):
+        self.items, self.sample_rate = items, sample_rate
 
     def __call__(self, rng: np.random.Generator) -> torch.Tensor:
         src = self.items[int(rng.integers(len(self.items)))][1]
-        return src if isinstance(src, torch.Tensor) else load_wave(src)
+        return src if isinstance(src, torch.Tensor) else load_wave(src, self.sample_rate)
 
 
 class AugmentedDataset(Dataset):
@@ -69,11 +54,11 @@ class AugmentedDataset(Dataset):
 
     def wave(self, index: int) -> torch.Tensor:
         src = self.items[index][1]
-        return src if isinstance(src, torch.Tensor) else load_wave(src)
+        return src if isinstance(src, torch.Tensor) else load_wave(src, self.augmenter.config.features.sample_rate)
 
     def babble_source(self):
         """A callable(rng) -> waveform drawing random utterances of this dataset (for Augmenter(babble=...))."""
-        return _ItemBabble(self.items)
+        return _ItemBabble(self.items, self.augmenter.config.features.sample_rate)
 
     def __getitem__(self, index: int):
         utt_id = self.items[index][0]

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from scipy.fft import next_fast_len
 
+from ..frontend import SAMPLE_RATE
+
 COLORS = {"white": 0.0, "pink": 1.0, "brown": 2.0}   # spectral slope: power ~ 1 / f**beta
 NOISE_KINDS = ("white", "pink", "brown", "babble", "tone")
 
@@ -41,7 +43,7 @@ def colored_noise(n: int, color: str, rng: np.random.Generator) -> torch.Tensor:
     return _unit_power(torch.fft.irfft(spec, n=m)[:n])
 
 
-def tones(n: int, rng: np.random.Generator, sample_rate: int = 16000, max_tones: int = 3) -> torch.Tensor:
+def tones(n: int, rng: np.random.Generator, sample_rate: int = SAMPLE_RATE, max_tones: int = 3) -> torch.Tensor:
     """1..max_tones sinusoids at log-uniform 50-4000 Hz with random phases, levels and slow AM, unit power."""
     t = torch.arange(n, dtype=torch.float64) / sample_rate
     out = torch.zeros(n, dtype=torch.float64)
@@ -80,7 +82,7 @@ def babble(n: int, rng: np.random.Generator, source: BabbleSource, talkers: tupl
     return _unit_power(out)
 
 
-def make_noise(kind: str, n: int, rng: np.random.Generator, sample_rate: int = 16000,
+def make_noise(kind: str, n: int, rng: np.random.Generator, sample_rate: int = SAMPLE_RATE,
                babble_source: BabbleSource | None = None) -> torch.Tensor:
     """One dry noise source of ``kind`` (one of NOISE_KINDS), n samples, unit power."""
     if kind in COLORS:

@@ -24,11 +24,11 @@ import torch
 import torchaudio.functional as AF
 from scipy.fft import next_fast_len
 
-from .features import COMPRESSIONS, N_FFT, N_MELS, SAMPLE_RATE, mel_features
+from ..frontend import DEFAULT_FEATURES, VTLP_BOUNDARY_HZ, FeatureSettings, mel_features, mel_filterbank
 from .noise import NOISE_KINDS, BabbleSource, make_noise, mix_at_snr
 from .rooms import ABSORPTION_MODELS, RIRPool, RoomEntry, RoomSpec
 from .specaugment import SpecAugmentConfig, spec_augment
-from .vtlp import cached_filterbank, sample_warp
+from .vtlp import sample_warp
 
 
 def _pair(name, value, low_bound=0.0):
@@ -41,10 +41,11 @@ def _pair(name, value, low_bound=0.0):
 @dataclass
 class AugmentConfig:
     """What the pipeline does; defaults follow Kim et al. (VTLP U[0.9, 1.1], rooms 3-10 m, T60 0.1-0.9 s,
-    SNR 0-30 dB, 0-3 noise sources, power-law features)."""
+    SNR 0-30 dB, 0-3 noise sources, power-law features). ``features`` are the front end's settings: the
+    statistics file's when the augmenter feeds a SpeechDataset (it checks)."""
     vtlp: bool = True
     vtlp_range: tuple[float, float] = (0.9, 1.1)
-    vtlp_boundary_hz: float = 4800.0
+    vtlp_boundary_hz: float = VTLP_BOUNDARY_HZ
     vtlp_grid: float = 0.001            # warps are rounded to this grid so filterbanks can be cached
     sim_prob: float = 0.5               # probability that an utterance goes through the acoustic simulator
     room_sides: tuple[float, float] = (3.0, 10.0)
@@ -63,9 +64,7 @@ class AugmentConfig:
     rir_cache: str | None = None        # folder shared by every process that builds this pool (None: memory only)
     specaugment: bool = False
     specaugment_options: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
-    features: str = "power"             # "power" (x ** (1/15)) or "log" (log(x + 1e-6))
-    f_min: float = 20.0
-    f_max: float = 8000.0
+    features: FeatureSettings = DEFAULT_FEATURES   # a dict is read with FeatureSettings.from_dict
 
     def __post_init__(self):
         self.vtlp_range = _pair("vtlp_range", self.vtlp_range, 1e-3)
@@ -85,8 +84,14 @@ class AugmentConfig:
                              f"{self.noise_kinds}")
         if not 0.0 <= self.sim_prob <= 1.0:
             raise ValueError(f"AugmentConfig.sim_prob must be in [0, 1], got {self.sim_prob}")
-        if self.features not in COMPRESSIONS:
-            raise ValueError(f"AugmentConfig.features must be one of {COMPRESSIONS}, got {self.features!r}")
+        if self.features is None:       # transitional: asr/train.py passes features=cfg.augment.compression (None)
+            self.features = DEFAULT_FEATURES
+        elif isinstance(self.features, str):    # transitional: the old AugmentConfig.features="power"|"log"
+            self.features = FeatureSettings(mel_compression=self.features)
+        elif isinstance(self.features, dict):
+            self.features = FeatureSettings.from_dict(self.features)
+        elif not isinstance(self.features, FeatureSettings):
+            raise ValueError(f"AugmentConfig.features must be FeatureSettings, got {self.features!r}")
         if self.absorption not in ABSORPTION_MODELS:
             raise ValueError(f"AugmentConfig.absorption must be one of {ABSORPTION_MODELS}, got {self.absorption!r}")
         if self.pool_size < 1:
@@ -102,14 +107,14 @@ class AugmentConfig:
     def room_spec(self) -> RoomSpec:
         return RoomSpec(sides=self.room_sides, height=self.room_height, t60=self.t60, wall_margin=self.wall_margin,
                         max_noise_sources=self.noise_sources[1], absorption=self.absorption,
-                        sample_rate=SAMPLE_RATE)
+                        sample_rate=self.features.sample_rate)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 class Augmented(NamedTuple):
-    features: torch.Tensor   # [frames, 40] float32
+    features: torch.Tensor   # [frames, n_mels] float32
     info: dict               # what was drawn (JSON-serializable)
     wave: torch.Tensor       # the waveform the features were computed from (reverberant-noisy or clean)
 
@@ -135,7 +140,8 @@ def single_thread():
 
 
 class Augmenter:
-    """Callable ``(wave [samples] 16 kHz, utt_id, epoch) -> (features [frames, 40] float32, info)``.
+    """Callable ``(wave [samples] at features.sample_rate, utt_id, epoch) -> (features [frames, n_mels] float32,
+    info)``.
 
     ``babble``: optional list of waveforms or callable(rng) -> waveform for babble noise (must draw only from the
     rng it is given). The RIR pool is created lazily in the process that first needs it (one per DataLoader
@@ -167,8 +173,7 @@ class Augmenter:
         return self._pool
 
     def filterbank(self, warp: float) -> torch.Tensor:
-        c = self.config
-        return cached_filterbank(warp, N_FFT, N_MELS, SAMPLE_RATE, c.f_min, c.f_max, c.vtlp_boundary_hz)
+        return mel_filterbank(self.config.features, warp, self.config.vtlp_boundary_hz)
 
     def __call__(self, wave: torch.Tensor, utt_id: str, epoch: int) -> tuple[torch.Tensor, dict]:
         out = self.augment(wave, utt_id, epoch)
@@ -232,7 +237,7 @@ class Augmenter:
         rirs = [entry.speech_rir] + entry.noise_rirs[:n_noise]
         n, r_max = speech.numel(), max(h.numel() for h in rirs)
         # Noise is generated r_max - 1 samples longer and the steady-state part kept, so it does not fade in.
-        noises = [make_noise(k, n + r_max - 1, rng, SAMPLE_RATE, self.babble) for k in kinds]
+        noises = [make_noise(k, n + r_max - 1, rng, c.features.sample_rate, self.babble) for k in kinds]
         lap("noise")
         rev = self._convolve(speech, noises, rirs, r_max)
         lap("convolve")

@@ -42,6 +42,8 @@ import numpy as np
 import pyroomacoustics as pra
 import torch
 
+from ..frontend import SAMPLE_RATE
+
 ABSORPTION_MODELS = ("ism", "eyring", "sabine")
 _CACHE_FORMAT = 1                                # bump when RoomEntry or build_room changes what a room holds
 SPEED_OF_SOUND = float(pra.constants.get("c"))   # what ShoeBox uses without temperature/humidity
@@ -58,7 +60,7 @@ class RoomSpec:
     max_noise_sources: int = 3
     absorption: str = "ism"            # "ism", "eyring" or "sabine" (see module docstring)
     tail_db: float = 60.0              # RIRs are cut where the backward-integrated energy is this far down
-    sample_rate: int = 16000
+    sample_rate: int = SAMPLE_RATE
 
     def __post_init__(self):
         for name in ("sides", "height", "t60"):

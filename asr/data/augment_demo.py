@@ -5,13 +5,14 @@ VTLP warps the filterbank, not the audio, so it has no waveform of its own. The 
 SNR drawn for each utterance are printed and saved in DIR/augment_demo.json.
 
 The manifest is JSON lines with fields audio_filepath, text and duration (NeMo style); a relative audio_filepath
-is relative to the manifest's folder. For the future ``asr-prep augment-demo`` subcommand, and:
+is relative to the manifest's folder. ``asr-prep augment-demo``, and:
 
-    python -m asr.augment.demo --manifest data/corpus/dev.jsonl --out out/augment_demo
+    python -m asr.data.augment_demo --manifest data/corpus/dev.jsonl --out out/augment_demo
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -21,9 +22,10 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from .dataset import load_wave
-from .features import SAMPLE_RATE, mel_features
-from .pipeline import AugmentConfig, Augmenter
+from ..augment.pipeline import AugmentConfig, Augmenter
+from ..frontend import SAMPLE_RATE, load_wave, mel_features
+from .manifest import ManifestError, audio_path
+from .manifest import read_manifest as read_jsonl
 
 REQUIRED_FIELDS = ("audio_filepath", "text", "duration")
 
@@ -32,8 +34,6 @@ def read_manifest(path: Path) -> list[dict]:
     """Entries of a JSONL manifest with audio_filepath resolved; errors name the file, line and field.
 
     Uses the project's manifest reader, requiring only the NeMo-style fields (``id`` is optional here)."""
-    from ..data.manifest import ManifestError, audio_path
-    from ..data.manifest import read_manifest as read_jsonl
     try:
         entries = read_jsonl(path, required=REQUIRED_FIELDS)
     except ManifestError as e:
@@ -107,10 +107,11 @@ def main(argv=None) -> int:
     config = AugmentConfig(pool_size=a.pool_size, noise_sources=(1, 3))
     aug = Augmenter(config, seed=a.seed, babble=waves)
     rows, report = [], []
+    log_settings = dataclasses.replace(config.features, mel_compression="log")    # display only
     for e, wave in list(zip(entries, waves))[:a.count]:
         uid = _safe(str(e["id"]))
         sim = aug.augment(wave, uid, a.epoch, simulate=True, warp=1.0)
-        log_feats = lambda w, warp: mel_features(w, aug.filterbank(warp), "log")  # noqa: E731 (display only)
+        log_feats = lambda w, warp: mel_features(w, aug.filterbank(warp), log_settings)  # noqa: E731
         _write_wav(a.out / f"{uid}.clean.wav", wave)
         _write_wav(a.out / f"{uid}.sim.wav", sim.wave)
         room = sim.info["room"]

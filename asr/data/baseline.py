@@ -13,7 +13,7 @@ from collections import defaultdict
 import jiwer
 import numpy as np
 
-from .audio import SAMPLE_RATE, AudioError, load_checked
+from ..frontend import SAMPLE_RATE, AudioError, read_audio
 from .manifest import audio_path, read_manifest, write_json
 from .normalize import normalize
 from .pool import parallel_map
@@ -40,7 +40,7 @@ def clean_hypothesis(hyp: str) -> str:
 
 def _decode(path: str) -> str | None:
     try:
-        data, sr = load_checked(path)
+        data, sr = read_audio(path, strict=True)
     except AudioError as e:
         print(f"asr-prep baseline: {e}", file=sys.stderr)
         return None

@@ -37,7 +37,8 @@ def _tokenizer(a) -> int:
 
 def _stats(a) -> int:
     from .stats import compute_stats
-    compute_stats(a.manifest, a.out, a.compression, a.jobs)
+    from ..frontend import FeatureSettings
+    compute_stats(a.manifest, a.out, FeatureSettings(mel_compression=a.mel_compression), a.jobs)
     return 0
 
 
@@ -60,11 +61,12 @@ def _far(a) -> int:
 
 
 def _augment_demo(a) -> int:
-    from ..augment.demo import main as demo
+    from .augment_demo import main as demo
     return demo(a.rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..frontend import DEFAULT_FEATURES, MEL_COMPRESSIONS
     from . import DATA_DIR
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(prog="asr-prep", description=__doc__, formatter_class=fmt)
@@ -124,13 +126,15 @@ rest is imported. Exit 1 only if nothing usable remains, or with --strict if any
     s.set_defaults(func=_tokenizer)
 
     s = sub.add_parser("stats", help="feature mean/variance and a duration histogram",
-                       description="Compute per-dimension mean and variance of the 40-dim mel features "
-                       "(asr.features.compute_features: 25 ms windows, 10 ms hop, power-law x**(1/15) by default) "
-                       "over all frames of a manifest, for feature normalization. Writes OUT/feature_stats.json "
+                       description="Compute per-dimension mean and variance of the front end's mel features "
+                       "(asr.frontend.compute_features: 40 bands, 25 ms windows, 10 ms hop, power-law x**(1/15) by "
+                       "default) over all frames of a manifest, for feature normalization. Writes "
+                       "OUT/feature_stats.json (with the feature settings, which training and evaluation then use) "
                        "and .pt; prints a duration histogram and saves it as OUT/durations.txt and .png.")
     s.add_argument("--manifest", required=True, help="manifest, e.g. DIR/train.jsonl")
     s.add_argument("--out", required=True, help="output folder, e.g. DIR/stats")
-    s.add_argument("--compression", choices=["power", "log"], default="power", help="mel compression")
+    s.add_argument("--mel-compression", choices=MEL_COMPRESSIONS, default=DEFAULT_FEATURES.mel_compression,
+                   help="compression of the mel energies: power (x ** (1/15)) or log (log(x + 1e-6))")
     s.add_argument("--jobs", type=int, default=os.cpu_count(), help=jobs_help)
     s.set_defaults(func=_stats)
 
@@ -169,14 +173,14 @@ rest is imported. Exit 1 only if nothing usable remains, or with --strict if any
 
     s = sub.add_parser("augment-demo", help="augmented WAVs and a spectrogram PNG to look at and listen to",
                        formatter_class=fmt, add_help=False,
-                       description="Same as python -m asr.augment.demo: --manifest M.jsonl --out DIR [...]")
+                       description="Same as python -m asr.data.augment_demo: --manifest M.jsonl --out DIR [...]")
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(func=_augment_demo)
     return p
 
 
 def main(argv=None) -> int:
-    from .audio import AudioError
+    from ..frontend import AudioError
     from .importers import ImportFailed
     from .manifest import ManifestError
     from .stats import StatsError
@@ -184,8 +188,8 @@ def main(argv=None) -> int:
     from .tokenizer import TokenizerError
     from .voices import ReservedVoiceError, VoiceConfigError
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["augment-demo"]:          # its own parser (asr.augment.demo), --help included
-        from ..augment.demo import main as demo
+    if argv[:1] == ["augment-demo"]:          # its own parser (asr.data.augment_demo), --help included
+        from .augment_demo import main as demo
         return demo(argv[1:])
     args = build_parser().parse_args(argv)
     try:

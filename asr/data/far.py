@@ -24,8 +24,8 @@ def _md5(path: Path) -> str:
 
 
 def make_far(manifest, out_dir, seed: int = 0, pool_size: int = 32, name: str = "test_far") -> Path:
-    from ..augment.dataset import load_wave
     from ..augment.pipeline import AugmentConfig, Augmenter
+    from ..frontend import SAMPLE_RATE, load_wave
     manifest, out = Path(manifest), Path(out_dir)
     entries = read_manifest(manifest)
     aug = Augmenter(AugmentConfig(vtlp=False, sim_prob=1.0, pool_size=pool_size, noise_kinds=("white", "pink", "brown", "tone")),
@@ -39,10 +39,10 @@ def make_far(manifest, out_dir, seed: int = 0, pool_size: int = 32, name: str = 
             res = aug.augment(load_wave(audio_path(e, manifest)), e["id"], epoch=0, simulate=True, warp=1.0)
             wave = res.wave.clamp(-1.0, 1.0).numpy()
             tmp = dest.with_name(dest.name + ".tmp.flac")
-            sf.write(tmp, wave, 16000, subtype="PCM_16")
+            sf.write(tmp, wave, SAMPLE_RATE, subtype="PCM_16")
             tmp.replace(dest)
         info = sf.info(dest)
-        rows.append(dict(e, audio_filepath=str(dest.relative_to(out)), duration=round(info.frames / 16000, 4),
+        rows.append(dict(e, audio_filepath=str(dest.relative_to(out)), duration=round(info.frames / SAMPLE_RATE, 4),
                          md5=_md5(dest)))
     path = out / f"{name}.jsonl"
     write_jsonl(path, rows)

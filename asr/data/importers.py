@@ -17,7 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .audio import SAMPLE_RATE, AudioError, load_checked, md5_file, to_mono_16k, write_flac
+from ..frontend import SAMPLE_RATE, AudioError, read_audio
+from .audio import md5_file, to_mono_16k, write_flac
 from .manifest import write_jsonl
 from .normalize import normalize
 from .pool import parallel_map
@@ -168,7 +169,7 @@ def _check_one(job: tuple[Candidate, str, str]) -> dict:
     """Decode one file; convert to 16 kHz mono FLAC under out/audio/<split>/ when needed (runs in a worker)."""
     cand, out_dir, split = job
     try:
-        data, sr = load_checked(cand.audio)
+        data, sr = read_audio(cand.audio, strict=True)
     except AudioError as e:
         return {"ok": False, "code": e.code, "detail": e.detail}
 

@@ -1,36 +1,70 @@
 """Feature normalization statistics and a duration histogram (``asr-prep stats``).
 
-Per-dimension mean and variance of the 40-dim features (asr.features.compute_features) over every frame of a
+Per-dimension mean and variance of the front end's features (asr.frontend.compute_features) over every frame of a
 manifest, accumulated in float64 per utterance and summed, so the result does not depend on the number of workers.
+
+feature_stats.json holds the feature settings they were computed with (``"features"``: FeatureSettings.to_dict());
+:func:`read_stats` gives them back, and the loader computes features with exactly those. A file written before the
+settings were stored gives the front end's defaults (with its ``"compression"`` as ``mel_compression``).
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from ..features import N_MELS, HOP_S, WIN_S, compute_features
-from .audio import SAMPLE_RATE, AudioError, load_checked
+from ..frontend import DEFAULT_FEATURES, AudioError, FeatureSettings, compute_features, read_audio
 from .manifest import audio_path, read_manifest, write_json
 from .pool import parallel_map
 
 
-class StatsError(RuntimeError):
-    pass
+class StatsError(ValueError):
+    """Statistics that cannot be computed or read; the message names the file."""
 
 
-def _utt_sums(job: tuple[str, str]) -> tuple:
-    path, compression = job
+class FeatureStats(NamedTuple):
+    """What feature_stats.json holds for the loader."""
+    settings: FeatureSettings
+    mean: torch.Tensor      # [n_mels] float32
+    std: torch.Tensor       # [n_mels] float32
+
+
+def read_stats(path) -> FeatureStats:
+    """The feature settings, mean and deviation of a statistics file; errors name the file."""
     try:
-        data, sr = load_checked(path)
+        stats = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise StatsError(f"{path}: cannot read feature statistics (written by asr-prep stats): {e}") from e
+    if not isinstance(stats, dict):
+        raise StatsError(f"{path}: not a feature statistics file (written by asr-prep stats)")
+    try:
+        if "features" in stats:
+            settings = FeatureSettings.from_dict(stats["features"])
+        else:   # written before the settings were stored: the defaults of then
+            settings = FeatureSettings(mel_compression=stats.get("compression", DEFAULT_FEATURES.mel_compression))
+    except ValueError as e:
+        raise StatsError(f"{path}: bad feature settings: {e}") from e
+    for key in ("mean", "std"):
+        if not isinstance(stats.get(key), list) or len(stats[key]) != settings.n_mels:
+            raise StatsError(f"{path}: expected {settings.n_mels}-dim '{key}' (written by asr-prep stats)")
+    return FeatureStats(settings, torch.tensor(stats["mean"], dtype=torch.float32),
+                        torch.tensor(stats["std"], dtype=torch.float32))
+
+
+def _utt_sums(job: tuple[str, FeatureSettings]) -> tuple:
+    path, settings = job
+    try:
+        data, sr = read_audio(path, strict=True)
     except AudioError as e:
         return (None, str(e))
-    if sr != SAMPLE_RATE or data.shape[1] != 1:
-        return (None, f"{path}: expected 16 kHz mono, got {sr} Hz, {data.shape[1]} channel(s)")
+    if sr != settings.sample_rate or data.shape[1] != 1:
+        return (None, f"{path}: expected {settings.sample_rate} Hz mono, got {sr} Hz, {data.shape[1]} channel(s)")
     with torch.no_grad():
-        f = compute_features(torch.from_numpy(data[:, 0]), sr, compression).double()
+        f = compute_features(torch.from_numpy(data[:, 0]), settings, sample_rate=sr).double()
     return (f.shape[0], f.sum(0).numpy(), (f * f).sum(0).numpy())
 
 
@@ -47,14 +81,14 @@ def duration_histogram(durations: list[float], width: int = 50) -> tuple[str, np
     return "\n".join(lines) + "\n", counts, edges
 
 
-def compute_stats(manifest, out_dir, compression: str = "power", jobs: int | None = None) -> dict:
+def compute_stats(manifest, out_dir, settings: FeatureSettings = DEFAULT_FEATURES, jobs: int | None = None) -> dict:
     """Write feature_stats.json/.pt, durations.txt and durations.png in out_dir; return the stats dict."""
     entries = read_manifest(manifest)
     if not entries:
         raise StatsError(f"{manifest}: no utterances")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    jobs_in = [(str(audio_path(e, manifest)), compression) for e in entries]
+    jobs_in = [(str(audio_path(e, manifest)), settings) for e in entries]
     results = parallel_map(_utt_sums, jobs_in, jobs, desc="stats", unit="utt")
     bad = [r[1] for r in results if r[0] is None]
     if bad:
@@ -64,13 +98,12 @@ def compute_stats(manifest, out_dir, compression: str = "power", jobs: int | Non
     ss = np.sum([r[2] for r in results], axis=0)
     mean = s / frames
     var = np.maximum(ss / frames - mean * mean, 0.0)
-    stats = {"manifest": str(manifest), "utterances": len(entries), "frames": int(frames), "n_mels": N_MELS,
-             "sample_rate": SAMPLE_RATE, "window_ms": WIN_S * 1000, "hop_ms": HOP_S * 1000,
-             "compression": compression, "mean": mean.tolist(), "var": var.tolist(), "std": np.sqrt(var).tolist()}
+    stats = {"manifest": str(manifest), "utterances": len(entries), "frames": int(frames),
+             "features": settings.to_dict(), "mean": mean.tolist(), "var": var.tolist(), "std": np.sqrt(var).tolist()}
     write_json(out / "feature_stats.json", stats)
     from ..checkpoint import atomic_save
     atomic_save({"mean": torch.tensor(mean, dtype=torch.float32), "var": torch.tensor(var, dtype=torch.float32),
-                 "std": torch.tensor(np.sqrt(var), dtype=torch.float32), "compression": compression},
+                 "std": torch.tensor(np.sqrt(var), dtype=torch.float32), "features": settings.to_dict()},
                 out / "feature_stats.pt")
 
     text, counts, edges = duration_histogram([e["duration"] for e in entries])

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from . import DATA_DIR
-from .audio import SAMPLE_RATE, AudioError, load_checked, md5_file, to_mono_16k, write_flac
+from ..frontend import SAMPLE_RATE, AudioError, read_audio
+from .audio import md5_file, to_mono_16k, write_flac
 from .manifest import write_json, write_jsonl
 from .pool import parallel_map
 from .rejects import Rejection, RejectLog
@@ -143,7 +144,7 @@ def _synth_one(job: tuple[dict, str]) -> dict:
         wav = tmp / "out.wav"
         try:
             voice.synthesize(spec.text, spec.params, wav)
-            data, sr = load_checked(wav)
+            data, sr = read_audio(wav, strict=True)
         except (RuntimeError, AudioError) as e:
             return {"ok": False, "id": spec.id, "path": str(flac), "detail": f"synthesizer output unusable: {e}"}
         samples = to_mono_16k(data, sr)
@@ -152,7 +153,7 @@ def _synth_one(job: tuple[dict, str]) -> dict:
             samples = samples * (0.999 / peak)
         write_flac(flac, samples)
         try:  # verify what is on disk, as an importer would
-            check, sr2 = load_checked(flac)
+            check, sr2 = read_audio(flac, strict=True)
         except AudioError as e:
             return {"ok": False, "id": spec.id, "path": str(flac), "detail": f"written FLAC unreadable: {e}"}
         dur = len(check) / sr2

@@ -18,11 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from ..frontend.settings import N_MELS
+
 
 @dataclass
 class BFAConfig:
     vocab_size: int                       # sentencepiece pieces (without eos)
-    feat_dim: int = 40
+    feat_dim: int = N_MELS                # the front end's default mel bands
     enc_hidden: int = 256                 # per direction
     enc_layers: int = 4
     pool_after: list = field(default_factory=lambda: [0, 1])   # max-pool x2 after these encoder layers
