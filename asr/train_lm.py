@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .batching import pack_by_length
 from .models.rnnlm import LMConfig, PieceLM, pad_pieces, save_lm
 
 
@@ -29,16 +30,9 @@ def tokenizer_digest(path) -> str:
 
 
 def _batches(lengths: list[int], batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Length-bucketed batches of at most ``batch_tokens`` padded pieces (each sentence + 1 for eos), shuffled."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    out, cur, longest = [], [], 0
-    for i in order:
-        longest = max(longest, lengths[i] + 1)
-        if cur and longest * (len(cur) + 1) > batch_tokens:
-            out.append(cur)
-            cur, longest = [], lengths[i] + 1
-        cur.append(i)
-    if cur:
-        out.append(cur)
+    out = pack_by_length(order, [n + 1 for n in lengths], batch_tokens)
     rng.shuffle(out)
     return out
 

@@ -1,0 +1,33 @@
+"""Length bucketing (asr.batching.pack_by_length): the packing asr-lm uses is the acoustic sampler's."""
+import random
+
+from asr.batching import pack_by_length
+from asr.loader import BucketBatchSampler
+from asr.train_lm import _batches
+
+
+def test_batches_stay_within_the_padded_budget_and_keep_every_item():
+    sizes = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 30]
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    batches = pack_by_length(order, sizes, budget=12)
+    assert [i for b in batches for i in b] == order                     # in order, each once, none dropped
+    assert all(max(sizes[i] for i in b) * len(b) <= 12 for b in batches if len(b) > 1)
+    assert batches[-1] == [11]                                          # larger than the budget: alone
+    assert max(len(b) for b in pack_by_length(order, sizes, budget=1000, max_items=4)) == 4
+    assert pack_by_length([], [], 10) == []
+
+
+def test_same_packing_as_the_acoustic_sampler():
+    rng = random.Random(0)
+    for _ in range(50):
+        durations = [rng.uniform(0.5, 20.0) for _ in range(rng.randint(1, 120))]
+        sampler = BucketBatchSampler(durations, rng.choice([10.0, 60.0]), rng.choice([1, 8, 64]), shuffle=False)
+        order = sorted(range(len(durations)), key=lambda i: durations[i])
+        assert pack_by_length(order, durations, sampler.batch_seconds, sampler.max_batch) == sampler.epoch_batches()
+
+
+def test_language_model_batches_count_the_end_of_sentence_piece():
+    lengths = [5, 1, 7, 3, 3, 9, 2]
+    batches = _batches(lengths, batch_tokens=20, rng=random.Random(1))
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(max(lengths[i] + 1 for i in b) * len(b) <= 20 for b in batches)
