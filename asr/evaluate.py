@@ -85,6 +85,7 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     from tqdm import tqdm
     from .decode import beam_search, ctc_greedy, ctc_prefix_beam_search, greedy
     from .loader import SpeechDataset, collate, eval_batches
+    from .metrics import ErrorCounts, utterance_errors
     ds = SpeechDataset(manifest, tok, norm)
     if limit:
         ds.entries = ds.entries[:limit]
@@ -116,26 +117,20 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     ref_of = {e["id"]: e["text"] for e in ds.entries}
     rows += [{"id": i, "ref": ref_of[i], "hyp": "", "skipped": why} for i, why in skipped]
     speaker = {e["id"]: e.get("speaker", "unknown") for e in ds.entries}
-    by_speaker: dict = {}
-    for r in rows:
-        by_speaker.setdefault(speaker.get(r["id"], "unknown"), []).append(r)
-    out, wer, ser = _rates(rows)
-    return {"manifest": str(manifest), "utterances": len(rows), "wer": wer, "ser": ser,
+    counts = utterance_errors([r["ref"] for r in rows], [r["hyp"] for r in rows])
+    total, by_speaker = ErrorCounts(), {}
+    for r, c in zip(rows, counts):
+        total += c
+        spk = speaker.get(r["id"], "unknown")
+        by_speaker[spk] = by_speaker.get(spk, ErrorCounts()) + c
+    return {"manifest": str(manifest), "utterances": len(rows), "wer": total.wer, "ser": total.ser,
             "skipped_utterances": len(skipped), "skipped": [{"id": i, "reason": why} for i, why in skipped],
-            "substitutions": out.substitutions, "deletions": out.deletions, "insertions": out.insertions,
-            "per_speaker": {s: dict(zip(("utterances", "wer", "ser"), (len(rs), *_rates(rs)[1:])))
-                            for s, rs in sorted(by_speaker.items())},
+            "substitutions": total.substitutions, "deletions": total.deletions, "insertions": total.insertions,
+            "ref_words": total.ref_words,
+            "per_speaker": {s: {"utterances": c.sentences, "wer": c.wer, "ser": c.ser}
+                            for s, c in sorted(by_speaker.items())},
             "method": method, "beam": beam, "ctc_weight": ctc_weight, "lm_weight": lm_weight if lm else 0.0,
             "length_bonus": length_bonus, "att_weight": att_weight, "hypotheses": rows}
-
-
-def _rates(rows):
-    """jiwer's word alignment counts, WER and sentence error rate of (ref, hyp) rows (an empty hyp counts)."""
-    import jiwer
-    refs = [r["ref"] for r in rows]
-    out = jiwer.process_words(refs, [r["hyp"] if r["hyp"].strip() else "<empty>" for r in rows])
-    wer = (out.substitutions + out.deletions + out.insertions) / max(sum(len(r.split()) for r in refs), 1)
-    return out, wer, sum(r["ref"] != r["hyp"] for r in rows) / max(len(rows), 1)
 
 
 def _decode_opts(args, ckpt, lm=None) -> dict:

@@ -73,7 +73,8 @@ def main():
     from asr.decode import ctc_greedy
     from asr.loader import BucketBatchSampler, Normalizer, Tokenizer, collate
     from asr.models.bfa import BFA, BFAConfig, parameter_count
-    from asr.train import lr_factor, word_errors
+    from asr.metrics import ErrorCounts, word_errors
+    from asr.train import lr_factor
 
     cfg = load_config(a.config, a.set)
     tok = Tokenizer(a.tokenizer or a.corpus / "tokenizer" / "tokenizer.model")
@@ -103,12 +104,10 @@ def main():
                     batch = collate([prep(e, f) for e, f in chunk])    # cached features: nothing is skipped
                     feats, flen, texts = batch.feats, batch.flen, batch.texts
                     for (e, _), hyp, ref in zip(chunk, ctc_greedy(model, feats, flen), texts):
-                        er, n = word_errors(ref, tok.decode(hyp))
+                        counts = word_errors(ref, tok.decode(hyp))
                         for key in ("all", e.get("domain", "?"), e["speaker"]):
-                            s = errs.setdefault(key, [0, 0])
-                            s[0] += er
-                            s[1] += n
-                out[name] = {k: round(100 * v[0] / max(v[1], 1), 1) for k, v in errs.items()}
+                            errs[key] = errs.get(key, ErrorCounts()) + counts
+                out[name] = {k: round(100 * v.wer, 1) for k, v in errs.items()}
         model.train()
         return out
 

@@ -1,4 +1,5 @@
-"""A real baseline on the same files (``asr-prep baseline``): pocketsphinx's bundled en-us model, scored with jiwer.
+"""A real baseline on the same files (``asr-prep baseline``): pocketsphinx's bundled en-us model, scored with
+asr.metrics (jiwer), as asr-eval scores the BFA model.
 
 Hypotheses go through the same normalization as references (numbers as words, no punctuation), and pocketsphinx's
 alternate-pronunciation marks ("read(2)") and fillers ("<sil>", "[noise]") are removed first.
@@ -10,10 +11,10 @@ import sys
 import time
 from collections import defaultdict
 
-import jiwer
 import numpy as np
 
 from ..frontend import SAMPLE_RATE, AudioError, read_audio
+from ..metrics import ErrorCounts, utterance_errors
 from .manifest import audio_path, read_manifest, write_json
 from .normalize import normalize
 from .pool import parallel_map
@@ -56,12 +57,10 @@ def _decode(path: str) -> str | None:
     return clean_hypothesis(hyp.hypstr if hyp is not None else "")
 
 
-def _rates(refs: list[str], hyps: list[str]) -> dict:
-    out = jiwer.process_words(refs, hyps)
-    n_words = sum(len(r.split()) for r in refs)
-    return {"utterances": len(refs), "words": n_words, "wer": round(out.wer * 100, 2),
-            "ser": round(100 * sum(r != h for r, h in zip(refs, hyps)) / len(refs), 2),
-            "substitutions": out.substitutions, "deletions": out.deletions, "insertions": out.insertions}
+def _rates(c: ErrorCounts) -> dict:
+    return {"utterances": c.sentences, "words": c.ref_words, "wer": round(c.wer * 100, 2),
+            "ser": round(c.ser * 100, 2), "substitutions": c.substitutions, "deletions": c.deletions,
+            "insertions": c.insertions}
 
 
 def run_baseline(manifest, json_out=None, jobs: int | None = None, limit: int | None = None) -> dict:
@@ -76,14 +75,13 @@ def run_baseline(manifest, json_out=None, jobs: int | None = None, limit: int | 
         raise RuntimeError(f"{manifest}: no utterance could be decoded")
     refs = [e["text"] for e, _ in pairs]
     hyp_texts = [h for _, h in pairs]
-    # jiwer rejects empty references; every manifest text is non-empty, an empty hypothesis is fine
+    counts = utterance_errors(refs, hyp_texts)
     result = {"manifest": str(manifest), "decoder": f"pocketsphinx {version('pocketsphinx')} (bundled en-us)",
-              "failed": len(entries) - len(pairs), **_rates(refs, hyp_texts)}
-    by_spk = defaultdict(lambda: ([], []))
-    for (e, h) in pairs:
-        by_spk[e.get("speaker", "unknown")][0].append(e["text"])
-        by_spk[e.get("speaker", "unknown")][1].append(h)
-    result["per_speaker"] = {s: _rates(r, h) for s, (r, h) in sorted(by_spk.items())}
+              "failed": len(entries) - len(pairs), **_rates(sum(counts, ErrorCounts()))}
+    by_spk = defaultdict(ErrorCounts)
+    for (e, _), c in zip(pairs, counts):
+        by_spk[e.get("speaker", "unknown")] += c
+    result["per_speaker"] = {s: _rates(c) for s, c in sorted(by_spk.items())}
     result["decode_seconds"] = round(time.time() - t0, 1)
     result["audio_seconds"] = round(sum(e["duration"] for e, _ in pairs), 1)
     result["hypotheses"] = [{"id": e["id"], "ref": e["text"], "hyp": h} for e, h in pairs]
