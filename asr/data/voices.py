@@ -162,7 +162,8 @@ def shift_formants(wav_path: Path, alpha: float) -> None:
     import torch
     import torchaudio.functional as AF
 
-    data, sr = sf.read(str(wav_path), dtype="float32", always_2d=True)
+    from ..frontend import read_audio
+    data, sr = read_audio(wav_path)
     y = AF.resample(torch.from_numpy(data.T.copy()), orig_freq=round(sr * alpha), new_freq=sr)
     sf.write(str(wav_path), y.T.numpy(), sr, subtype="PCM_16")
 
