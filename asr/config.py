@@ -66,13 +66,6 @@ class AugmentSection:
                                         # rir_cache/ next to data.train, "" keeps them in memory only
     specaugment: bool = False
 
-    @property
-    def compression(self) -> None:
-        """Transitional, for asr/train.py's ``AugmentConfig(features=a.compression)``: the feature settings are
-        the statistics file's (config ``features``, checked by the Normalizer); None means the defaults.
-        Remove when asr/train.py passes the Normalizer's settings."""
-        return None
-
 
 @dataclass
 class TrainConfig:

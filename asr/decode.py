@@ -3,6 +3,7 @@ CTC prefix beam search with LM shallow fusion and attention rescoring."""
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -83,11 +84,11 @@ def ctc_score(model: BFA, enc, enc_length, hyps: list[list[int]]) -> list[float]
 
 @torch.no_grad()
 def beam_search(model: BFA, feats, feat_lengths, beam: int = 4, length_bonus: float = 0.0,
-                ctc_weight: float = 0.0, max_ratio: float = 1.0) -> list[list[int]]:
+                ctc_weight: float = 0.0, max_ratio: float = 1.0, encoded=None) -> list[list[int]]:
     """Beam search per utterance; scores are attention log-probabilities (+ length_bonus per piece),
     and with ``ctc_weight`` > 0 the final beam is rescored with (1-w)*attention + w*CTC."""
     eos = model.config.eos
-    enc_all, enc_lengths = model.encode(feats, feat_lengths)
+    enc_all, enc_lengths = encoded if encoded is not None else model.encode(feats, feat_lengths)
     results = []
     for b in range(enc_all.shape[0]):
         T = int(enc_lengths[b])
@@ -251,3 +252,59 @@ def ctc_prefix_beam_search(model: BFA, feats, feat_lengths, beam: int = 8, lm=No
                   for (h, c, l), a in zip(finals, att)]
         results.append(max(scored, key=lambda x: x[0])[1])
     return results
+
+
+METHODS = ("attention", "ctc", "ctc_beam")
+
+
+@torch.no_grad()
+def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: int = 1, ctc_weight: float = 0.0,
+                    lm=None, lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0,
+                    batch_seconds: float = 120.0, shard: tuple[int, int] = (0, 1), progress: str = "",
+                    device=None) -> dict[str, list[dict]]:
+    """Decode every utterance of ``dataset`` (this worker's ``shard`` = (rank, size) of its length-sorted
+    batches) with each of ``methods``; return per method the rows ``{"id", "ref", "hyp"}``.
+
+    The one decoding loop of the project: the per-epoch dev pass, ``asr-eval`` and the experiment
+    scripts all call it. ``dataset`` is indexable like :class:`asr.loader.SpeechDataset` (items or
+    ``SkippedItem``; ``durations``, ``entries``). Each batch is encoded once for every method.
+    ``attention`` is greedy (``beam`` 1) or beam search (optional CTC rescoring); ``ctc`` is the CTC
+    best path; ``ctc_beam`` the CTC prefix beam search with optional LM fusion and attention
+    rescoring. An utterance whose audio could not be read gets an empty hypothesis (all its words are
+    errors) and a ``skipped`` reason."""
+    from tqdm import tqdm
+    from .loader import collate, eval_batches
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown decoding method(s) {unknown}; expected {METHODS}")
+    if model.ctc_head is None and {"ctc", "ctc_beam"} & set(methods):
+        raise ValueError("CTC decoding needs a model trained with a CTC head (model.ctc_weight > 0)")
+    device = device if device is not None else next(model.parameters()).device
+    one_by_one = "attention" in methods and beam > 1           # beam search decodes one utterance at a time
+    batches = eval_batches(dataset.durations, 1e-9 if one_by_one else batch_seconds, max_batch=1 if one_by_one else 64)
+    rank, size = shard
+    rows = {m: [] for m in methods}
+    ref_of = {e["id"]: e["text"] for e in dataset.entries}
+    model.eval()
+    for b in tqdm(batches[rank::size], desc=progress or "decode", leave=False, dynamic_ncols=True,
+                  disable=not (progress and sys.stderr.isatty())):
+        batch = collate([dataset[i] for i in b])
+        for utt, why in batch.skipped:
+            for m in methods:
+                rows[m].append({"id": utt, "ref": ref_of[utt], "hyp": "", "skipped": why})
+        if not batch.ids:
+            continue
+        feats, flen = batch.feats.to(device), batch.flen
+        encoded = model.encode(feats, flen)
+        for m in methods:
+            if m == "ctc":
+                hyps = ctc_greedy(model, feats, flen, encoded=encoded)
+            elif m == "ctc_beam":
+                hyps = ctc_prefix_beam_search(model, feats, flen, beam=beam, lm=lm, lm_weight=lm_weight,
+                                              length_bonus=length_bonus, att_weight=att_weight, encoded=encoded)
+            elif beam == 1:
+                hyps = greedy(model, feats, flen, encoded=encoded)
+            else:
+                hyps = beam_search(model, feats, flen, beam=beam, ctc_weight=ctc_weight, encoded=encoded)
+            rows[m] += [{"id": i, "ref": r, "hyp": tok.decode(h)} for i, r, h in zip(batch.ids, batch.texts, hyps)]
+    return rows

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from .decode import METHODS
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="asr-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,7 +52,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-METHODS = ("attention", "ctc", "ctc_beam")
 
 
 def load_checkpoint(path):
@@ -82,40 +83,20 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     An utterance whose audio cannot be read (see asr.loader.SkippedItem) is counted as an error: its row has an
     empty hypothesis and a ``skipped`` reason, so WER and SER keep the manifest's full denominator; the result
     also lists them under ``skipped`` and counts them in ``skipped_utterances``."""
-    from tqdm import tqdm
-    from .decode import beam_search, ctc_greedy, ctc_prefix_beam_search, greedy
-    from .loader import SpeechDataset, collate, eval_batches
+    from .decode import decode_manifest
+    from .loader import SpeechDataset
     from .metrics import ErrorCounts, utterance_errors
     ds = SpeechDataset(manifest, tok, norm)
     if limit:
         ds.entries = ds.entries[:limit]
-    rows, skipped = [], []
     if method in ("ctc", "ctc_beam"):
         if model.ctc_head is None:
             raise SystemExit(f"asr-eval: --method {method} needs a model trained with a CTC head (model.ctc_weight > 0)")
         beam, ctc_weight = (1 if method == "ctc" else beam), 0.0
-    batched = beam == 1 or method == "ctc_beam"
-    batches = eval_batches(ds.durations, batch_seconds if batched else 1e-9, max_batch=64 if batched else 1)
-    with torch.no_grad():
-        for b in tqdm(batches, desc=desc or Path(manifest).name, leave=False, dynamic_ncols=True,
-                      disable=not sys.stderr.isatty()):
-            batch = collate([ds[i] for i in b])
-            skipped += batch.skipped
-            if not batch.ids:
-                continue
-            ids, feats, flen, texts = batch.ids, batch.feats, batch.flen, batch.texts
-            if method == "ctc":
-                hyps = ctc_greedy(model, feats, flen)
-            elif method == "ctc_beam":
-                hyps = ctc_prefix_beam_search(model, feats, flen, beam=beam, lm=lm, lm_weight=lm_weight,
-                                              length_bonus=length_bonus, att_weight=att_weight)
-            elif beam == 1:
-                hyps = greedy(model, feats, flen)
-            else:
-                hyps = beam_search(model, feats, flen, beam=beam, ctc_weight=ctc_weight)
-            rows += [{"id": i, "ref": r, "hyp": tok.decode(h)} for i, r, h in zip(ids, texts, hyps)]
-    ref_of = {e["id"]: e["text"] for e in ds.entries}
-    rows += [{"id": i, "ref": ref_of[i], "hyp": "", "skipped": why} for i, why in skipped]
+    rows = decode_manifest(model, tok, ds, (method,), beam=beam, ctc_weight=ctc_weight, lm=lm, lm_weight=lm_weight,
+                           length_bonus=length_bonus, att_weight=att_weight, batch_seconds=batch_seconds,
+                           progress=desc or Path(manifest).name)[method]
+    skipped = [(r["id"], r["skipped"]) for r in rows if "skipped" in r]
     speaker = {e["id"]: e.get("speaker", "unknown") for e in ds.entries}
     counts = utterance_errors([r["ref"] for r in rows], [r["hyp"] for r in rows])
     total, by_speaker = ErrorCounts(), {}

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from .batching import pack_by_length
 from .config import CHOICES
 from .data.manifest import audio_path, read_manifest
 from .data.stats import read_stats
@@ -235,16 +236,7 @@ class BucketBatchSampler(Sampler):
         rng = random.Random(self.seed * 100_003 + self.epoch)
         jitter = [rng.uniform(0, 0.1) if self.shuffle else 0.0 for _ in self.durations]
         order = sorted(range(len(self.durations)), key=lambda i: self.durations[i] * (1 + jitter[i]))
-        batches, cur, longest = [], [], 0.0
-        for i in order:
-            d = self.durations[i]
-            if cur and (max(longest, d) * (len(cur) + 1) > self.batch_seconds or len(cur) >= self.max_batch):
-                batches.append(cur)
-                cur, longest = [], 0.0
-            cur.append(i)
-            longest = max(longest, d)
-        if cur:
-            batches.append(cur)
+        batches = pack_by_length(order, self.durations, self.batch_seconds, self.max_batch)
         if self.shuffle:
             rng.shuffle(batches)
         return batches

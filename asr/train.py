@@ -48,12 +48,6 @@ def lr_factor(step: int, epoch: int, warmup: int, decay: float) -> float:
     return min(1.0, (step + 1) / max(warmup, 1)) * decay ** epoch
 
 
-def word_errors(ref: str, hyp: str) -> tuple[int, int]:
-    import torchaudio.functional as AF
-    r, h = ref.split(), hyp.split()
-    return AF.edit_distance(r, h), len(r)
-
-
 def _trained_seconds(log_path: Path) -> float:
     """Training + evaluation seconds already spent by the epochs in a run's log (for --resume)."""
     if not log_path.exists():
@@ -79,7 +73,7 @@ class Babble:
         self._cache: dict[int, torch.Tensor] = {}
 
     def __call__(self, rng):
-        from .augment.dataset import load_wave
+        from .frontend import load_wave
         i = int(rng.integers(len(self.paths)))
         for j in [i] + [k for k in range(len(self.paths)) if k != i]:   # an unreadable talker: the next one
             if j not in self._cache:
@@ -100,7 +94,8 @@ def build_augmenter(cfg, dataset, seed: int):
     rir_cache = str(Path(cfg.data.train).resolve().parent / "rir_cache") if a.rir_cache == "auto" else a.rir_cache
     ac = AugmentConfig(vtlp=a.vtlp, vtlp_range=tuple(a.vtlp_range), sim_prob=a.sim_prob, t60=tuple(a.t60),
                        snr_db=tuple(a.snr_db), noise_sources=tuple(a.noise_sources), pool_size=a.pool_size,
-                       rir_cache=rir_cache or None, specaugment=a.specaugment, features=a.compression)
+                       rir_cache=rir_cache or None, specaugment=a.specaugment,
+                       features=dataset.normalizer.settings)
     return Augmenter(ac, seed=seed, babble=Babble(dataset))
 
 
@@ -121,7 +116,6 @@ class _Run:
 
 
 EPOCH_COUNTS = ("loss", "att_loss", "ctc_loss", "acc", "batches", "utterances", "skipped_utterances", "audio_s")
-FRAMES_PER_SECOND = 100          # feature frames per second of audio (10 ms hop)
 
 
 def cores_in_use(cfg, size: int, local_size: int) -> int:
@@ -158,7 +152,7 @@ class Trainer:
         self.last = self.out / "checkpoints" / "last.pt"
 
         self.tok = Tokenizer(cfg.data.tokenizer)
-        norm = Normalizer(cfg.data.stats, cfg.data.cmvn)
+        norm = Normalizer(cfg.data.stats, cfg.data.cmvn, expect=cfg.features)
         self.train_set = SpeechDataset(cfg.data.train, self.tok, norm, max_duration=cfg.data.max_duration)
         self.train_set.augmenter = build_augmenter(cfg, self.train_set, cfg.train.seed)
         self.dev_set = SpeechDataset(cfg.data.dev, self.tok, norm)
@@ -190,6 +184,8 @@ class Trainer:
             host = os.environ.get("HOROVOD_HOSTNAME", "local")
             self.trace = open(self.out / "trace" / f"utts.{host}.{self.rank}.{os.getpid()}.jsonl", "a")
         self.cores = cores_in_use(cfg, size, hvd.local_size())
+        feats = norm.settings
+        self.frames_per_second = feats.sample_rate / feats.hop_length
         self.comm_before = {"wait_s": 0.0, "skipped_steps": 0}   # comm_stats() counts from process start
         self.progress = {"step": 0, "mark": time.time()}         # last completed step; time counted up to
 
@@ -321,7 +317,7 @@ class Trainer:
             local["batches"] += stats is not None
             local["utterances"] += len(batch.ids)
             local["skipped_utterances"] += len(batch.skipped)
-            local["audio_s"] += float(batch.flen.sum()) / FRAMES_PER_SECOND
+            local["audio_s"] += float(batch.flen.sum()) / self.frames_per_second
             for k in LOSSES:
                 local[k] += stats.get(k, 0.0) if stats is not None else 0.0
             if self.elastic:
@@ -397,35 +393,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict:
-        """Greedy attention and CTC best-path WER on the dev set, each worker decoding its share;
-        unreadable utterances count as all words wrong, as asr-eval counts them."""
-        from .decode import ctc_greedy, greedy
-        from .loader import collate, eval_batches
-        hvd, model, dev_set, device = self.hvd, self.model, self.dev_set, self.device
-        model.eval()
-        errs = ctc_errs = words = 0
-        batches = eval_batches(dev_set.durations, self.cfg.decode.batch_seconds)
-        with torch.no_grad():
-            for b in batches[self.rank::hvd.size()]:
-                dev = collate([dev_set[i] for i in b])
-                unreadable = dict(dev.skipped)
-                lost = sum(len(dev_set.entries[i]["text"].split()) for i in b if dev_set.entries[i]["id"] in unreadable)
-                errs, ctc_errs, words = errs + lost, ctc_errs + lost, words + lost
-                if not dev.ids:
-                    continue
-                feats, flen = dev.feats.to(device), dev.flen
-                encoded = model.encode(feats, flen)                 # once, for both decoders
-                hyps = greedy(model, feats, flen, encoded=encoded)
-                ctc_hyps = ctc_greedy(model, feats, flen, encoded=encoded) if model.ctc_head is not None else hyps
-                for hyp, ctc_hyp, ref in zip(hyps, ctc_hyps, dev.texts):
-                    e, w = word_errors(ref, self.tok.decode(hyp))
-                    errs, words = errs + e, words + w
-                    ctc_errs += word_errors(ref, self.tok.decode(ctc_hyp))[0]
-        tot = hvd.allreduce(torch.tensor([errs, words, ctc_errs], dtype=torch.float64), op=hvd.Sum,
-                            name="devwer")
-        out = {"dev_wer_greedy": float(tot[0] / max(tot[1], 1))}
-        if model.ctc_head is not None:
-            out["dev_wer_ctc"] = float(tot[2] / max(tot[1], 1))
+        """Greedy attention and CTC best-path WER on the dev set, each worker decoding its share
+        (unreadable utterances count as all words wrong, as in asr-eval)."""
+        from .decode import decode_manifest
+        from .metrics import ErrorCounts, utterance_errors
+        hvd = self.hvd
+        methods = ("attention", "ctc") if self.model.ctc_head is not None else ("attention",)
+        rows = decode_manifest(self.model, self.tok, self.dev_set, methods, batch_seconds=self.cfg.decode.batch_seconds,
+                               shard=(self.rank, hvd.size()), device=self.device)
+        out = {}
+        for m in methods:
+            local = sum(utterance_errors([r["ref"] for r in rows[m]], [r["hyp"] for r in rows[m]]), ErrorCounts())
+            total = ErrorCounts.from_list(hvd.allreduce(torch.tensor(local.to_list(), dtype=torch.float64),
+                                                        op=hvd.Sum, name=f"devwer.{m}"))
+            out["dev_wer_greedy" if m == "attention" else "dev_wer_ctc"] = total.wer
         return out
 
     # ------------------------------------------------------------------ record and checkpoint

@@ -70,7 +70,7 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(1)
     from asr.config import load_config
-    from asr.decode import ctc_greedy
+    from asr.decode import decode_manifest
     from asr.loader import BucketBatchSampler, Normalizer, Tokenizer, collate
     from asr.models.bfa import BFA, BFAConfig, parameter_count
     from asr.metrics import ErrorCounts, word_errors
@@ -93,21 +93,28 @@ def main():
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     sampler = BucketBatchSampler([e["duration"] for e, _ in train], a.batch_seconds, 96, seed=a.seed)
 
+    class Cached:
+        """Cached features as decode_manifest reads a dataset (nothing is skipped)."""
+
+        def __init__(self, pairs):
+            self.pairs, self.entries = pairs, [e for e, _ in pairs]
+            self.durations = [e["duration"] for e in self.entries]
+
+        def __getitem__(self, i):
+            return prep(*self.pairs[i])
+
+    eval_sets = {name: Cached(pairs) for name, pairs in evals.items()}
+
     def evaluate():
-        model.eval()
         out = {}
-        with torch.no_grad():
-            for name, pairs in evals.items():
-                errs = {}
-                for i in range(0, len(pairs), 32):
-                    chunk = pairs[i:i + 32]
-                    batch = collate([prep(e, f) for e, f in chunk])    # cached features: nothing is skipped
-                    feats, flen, texts = batch.feats, batch.flen, batch.texts
-                    for (e, _), hyp, ref in zip(chunk, ctc_greedy(model, feats, flen), texts):
-                        counts = word_errors(ref, tok.decode(hyp))
-                        for key in ("all", e.get("domain", "?"), e["speaker"]):
-                            errs[key] = errs.get(key, ErrorCounts()) + counts
-                out[name] = {k: round(100 * v.wer, 1) for k, v in errs.items()}
+        for name, ds in eval_sets.items():
+            info = {e["id"]: e for e in ds.entries}
+            errs = {}
+            for r in decode_manifest(model, tok, ds, ("ctc",), batch_seconds=1e9)["ctc"]:
+                e, counts = info[r["id"]], word_errors(r["ref"], r["hyp"])
+                for key in ("all", e.get("domain", "?"), e["speaker"]):
+                    errs[key] = errs.get(key, ErrorCounts()) + counts
+            out[name] = {k: round(100 * v.wer, 1) for k, v in errs.items()}
         model.train()
         return out
 

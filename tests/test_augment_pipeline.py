@@ -135,15 +135,12 @@ def test_bad_config_and_inputs_are_named(tmp_path):
 
 
 def test_feature_settings_reach_the_features():
-    """AugmentConfig.features are the front end's settings: the augmenter computes with them (log here), and the
-    old string keyword (features="log", asr/train.py's until it passes FeatureSettings) still means
-    mel_compression."""
+    """AugmentConfig.features are the front end's settings: the augmenter computes with them (log here)."""
     from asr.frontend import FeatureSettings, compute_features
     wave = _wave(4, 0.5)
     settings = FeatureSettings(mel_compression="log")
     feats, _ = Augmenter(AugmentConfig(vtlp=False, sim_prob=0.0, features=settings))(wave, "u", 0)
     torch.testing.assert_close(feats, compute_features(wave, settings), rtol=1e-5, atol=1e-6)
-    assert AugmentConfig(features="log").features == settings
     assert AugmentConfig(features=settings.to_dict()).features == settings
 
 

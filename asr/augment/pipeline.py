@@ -84,11 +84,7 @@ class AugmentConfig:
                              f"{self.noise_kinds}")
         if not 0.0 <= self.sim_prob <= 1.0:
             raise ValueError(f"AugmentConfig.sim_prob must be in [0, 1], got {self.sim_prob}")
-        if self.features is None:       # transitional: asr/train.py passes features=cfg.augment.compression (None)
-            self.features = DEFAULT_FEATURES
-        elif isinstance(self.features, str):    # transitional: the old AugmentConfig.features="power"|"log"
-            self.features = FeatureSettings(mel_compression=self.features)
-        elif isinstance(self.features, dict):
+        if isinstance(self.features, dict):
             self.features = FeatureSettings.from_dict(self.features)
         elif not isinstance(self.features, FeatureSettings):
             raise ValueError(f"AugmentConfig.features must be FeatureSettings, got {self.features!r}")
