@@ -73,6 +73,7 @@ class TrainConfig:
     max_minutes: float = 0.0            # stop before an epoch that would end after this much training (0: no limit)
     batch_seconds: float = 60.0         # audio per batch per worker (length-bucketed)
     max_batch: int = 64                 # utterances per batch at most
+    match_lengths: bool = True          # the workers' batches of a step are neighbours in length (no long waits)
     lr: float = 1e-3                    # per worker; the peak learning rate is lr * world size
     warmup_steps: int = 200
     decay: float = 0.85                 # per epoch after warm-up

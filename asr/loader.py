@@ -204,7 +204,9 @@ class BucketBatchSampler(Sampler):
     Utterances are sorted by duration (with a seeded jitter so buckets vary per epoch), packed into
     batches of at most ``batch_seconds`` of padded audio (longest x count) and ``max_batch``
     utterances, shuffled per epoch with a seed shared by all ranks, and dealt round-robin to the
-    ranks. Every rank gets the same number of batches: a rank that ran out early would leave the
+    ranks. With ``match_lengths`` (default), the batches of one step are neighbours in length order
+    (groups of ``num_replicas`` consecutive batches are shuffled as units), so the workers' batches at
+    each step have about the same padded length and none waits long for another. Every rank gets the same number of batches: a rank that ran out early would leave the
     others waiting in an allreduce. By default the last batches are dropped if they do not divide
     evenly; with ``pad=True`` (elastic training) none is dropped: the last step is padded with empty
     batches (zero utterances; the trainer still takes part in the step).
@@ -216,8 +218,9 @@ class BucketBatchSampler(Sampler):
     """
 
     def __init__(self, durations, batch_seconds: float, max_batch: int, num_replicas: int = 1, rank: int = 0,
-                 seed: int = 0, shuffle: bool = True, pad: bool = False):
+                 seed: int = 0, shuffle: bool = True, pad: bool = False, match_lengths: bool = True):
         self.durations = list(durations)
+        self.match_lengths = match_lengths
         self.batch_seconds, self.max_batch = batch_seconds, max_batch
         self.num_replicas, self.rank, self.seed, self.shuffle = num_replicas, rank, seed, shuffle
         self.pad = pad
@@ -237,7 +240,14 @@ class BucketBatchSampler(Sampler):
         jitter = [rng.uniform(0, 0.1) if self.shuffle else 0.0 for _ in self.durations]
         order = sorted(range(len(self.durations)), key=lambda i: self.durations[i] * (1 + jitter[i]))
         batches = pack_by_length(order, self.durations, self.batch_seconds, self.max_batch)
-        if self.shuffle:
+        if self.shuffle and self.match_lengths and self.num_replicas > 1:
+            # Neighbours in length order are dealt to the same step, so no worker waits at the step's
+            # allreduce for another's much longer batch; the steps are shuffled, not the batches.
+            n = self.num_replicas
+            steps = [batches[i:i + n] for i in range(0, len(batches), n)]
+            rng.shuffle(steps)
+            batches = [b for step in steps for b in step]
+        elif self.shuffle:
             rng.shuffle(batches)
         return batches
 

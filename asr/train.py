@@ -159,7 +159,8 @@ class Trainer:
         if cfg.data.dev_subset:
             self.dev_set.entries = self.dev_set.entries[:cfg.data.dev_subset]
         self.sampler = BucketBatchSampler(self.train_set.durations, cfg.train.batch_seconds, cfg.train.max_batch,
-                                          size, self.rank, seed=cfg.train.seed, pad=elastic)
+                                          size, self.rank, seed=cfg.train.seed, pad=elastic,
+                                          match_lengths=cfg.train.match_lengths)
         self.loader = DataLoader(self.train_set, batch_sampler=self.sampler, collate_fn=collate,
                                  num_workers=cfg.train.loader_workers, persistent_workers=cfg.train.loader_workers > 0)
 

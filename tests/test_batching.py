@@ -31,3 +31,30 @@ def test_language_model_batches_count_the_end_of_sentence_piece():
     batches = _batches(lengths, batch_tokens=20, rng=random.Random(1))
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     assert all(max(lengths[i] + 1 for i in b) * len(b) <= 20 for b in batches)
+
+
+def test_each_steps_batches_are_matched_in_length_across_ranks():
+    """Issue 15: with match_lengths the workers' batches at one step are neighbours in length order; every
+    utterance is still dealt once, the steps (not the batches) are shuffled per epoch."""
+    import random
+    from asr.loader import BucketBatchSampler
+    rng = random.Random(1)
+    durations = [rng.uniform(1.0, 12.0) for _ in range(600)]
+
+    def dealt(match: bool, epoch: int = 0):
+        per_rank = []
+        for rank in range(2):
+            s = BucketBatchSampler(durations, 40.0, 32, num_replicas=2, rank=rank, seed=3, match_lengths=match)
+            s.set_epoch(epoch)
+            per_rank.append(list(s))
+        return per_rank
+
+    def mean_gap(per_rank):
+        longest = lambda b: max(durations[i] for i in b)
+        return sum(abs(longest(a) - longest(b)) for a, b in zip(*per_rank)) / len(per_rank[0])
+
+    matched, unmatched = dealt(True), dealt(False)
+    assert mean_gap(matched) < 0.1 * mean_gap(unmatched), (mean_gap(matched), mean_gap(unmatched))
+    every = sorted(i for rank in matched for b in rank for i in b)
+    assert len(every) == len(set(every)) and len(every) >= len(durations) - 2 * 32
+    assert [b[0] for b in dealt(True, epoch=1)[0]] != [b[0] for b in matched[0]]     # reshuffled per epoch
