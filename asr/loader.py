@@ -220,7 +220,10 @@ class BucketBatchSampler(Sampler):
     def __init__(self, durations, batch_seconds: float, max_batch: int, num_replicas: int = 1, rank: int = 0,
                  seed: int = 0, shuffle: bool = True, pad: bool = False, match_lengths: bool = True):
         self.durations = list(durations)
+        # The step size the lengths are matched for: fixed at construction, so the epoch's dealing order
+        # stays the same when an elastic run re-deals the rest of it to another worker count.
         self.match_lengths = match_lengths
+        self.match_group = num_replicas
         self.batch_seconds, self.max_batch = batch_seconds, max_batch
         self.num_replicas, self.rank, self.seed, self.shuffle = num_replicas, rank, seed, shuffle
         self.pad = pad
@@ -240,10 +243,10 @@ class BucketBatchSampler(Sampler):
         jitter = [rng.uniform(0, 0.1) if self.shuffle else 0.0 for _ in self.durations]
         order = sorted(range(len(self.durations)), key=lambda i: self.durations[i] * (1 + jitter[i]))
         batches = pack_by_length(order, self.durations, self.batch_seconds, self.max_batch)
-        if self.shuffle and self.match_lengths and self.num_replicas > 1:
+        if self.shuffle and self.match_lengths and self.match_group > 1:
             # Neighbours in length order are dealt to the same step, so no worker waits at the step's
             # allreduce for another's much longer batch; the steps are shuffled, not the batches.
-            n = self.num_replicas
+            n = self.match_group
             steps = [batches[i:i + n] for i in range(0, len(batches), n)]
             rng.shuffle(steps)
             batches = [b for step in steps for b in step]
