@@ -70,13 +70,15 @@ class AugmentSection:
 @dataclass
 class TrainConfig:
     epochs: int = 10
-    max_minutes: float = 0.0            # stop before an epoch that would end after this much training (0: no limit)
+    max_minutes: float = 0.0            # training time budget: stop (mid-epoch) when it is used up (0: no limit)
     batch_seconds: float = 60.0         # audio per batch per worker (length-bucketed)
     max_batch: int = 64                 # utterances per batch at most
     match_lengths: bool = True          # the workers' batches of a step are neighbours in length (no long waits)
     lr: float = 1e-3                    # per worker; the peak learning rate is lr * world size
     warmup_steps: int = 200
-    decay: float = 0.85                 # per epoch after warm-up
+    schedule: str = "epoch"             # epoch: lr x decay per epoch; cosine | linear: to final_lr at the budget's end
+    decay: float = 0.85                 # schedule=epoch: per epoch after warm-up
+    final_lr: float = 0.05              # schedule=cosine|linear: the last step's lr, as a fraction of the peak
     weight_decay: float = 0.0
     clip: float = 5.0
     compression: str = "none"           # hx.Compression.from_spec: none, fp16, bf16, global_qsgd8, topk0.01, ...
@@ -123,7 +125,7 @@ class ConfigError(ValueError):
 
 # Keys whose value must be one of a few words (checked after the types).
 CHOICES = {"data.cmvn": ("global", "utterance"), "train.amp": ("none", "bf16", "fp16"),
-           "train.nonfinite": ("skip", "raise")}
+           "train.nonfinite": ("skip", "raise"), "train.schedule": ("epoch", "cosine", "linear")}
 
 
 def _coerce(value, typ, where: str):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -44,8 +45,17 @@ def load_resume_checkpoint(path: Path):
         return f"cannot resume: {e}"
 
 
-def lr_factor(step: int, epoch: int, warmup: int, decay: float) -> float:
-    return min(1.0, (step + 1) / max(warmup, 1)) * decay ** epoch
+def lr_factor(step: int, epoch: int, warmup: int, decay: float, schedule: str = "epoch", progress: float = 0.0,
+              final: float = 0.05) -> float:
+    """The learning rate as a fraction of the peak: a linear warm-up over ``warmup`` steps, then
+    ``decay ** epoch`` (schedule ``epoch``), or a cosine or linear fall to ``final`` at ``progress`` 1
+    (the end of the time budget, or of the last epoch)."""
+    warm = min(1.0, (step + 1) / max(warmup, 1))
+    if schedule == "epoch":
+        return warm * decay ** epoch
+    p = min(max(progress, 0.0), 1.0)
+    shape = 0.5 * (1.0 + math.cos(math.pi * p)) if schedule == "cosine" else 1.0 - p
+    return warm * (final + (1.0 - final) * shape)
 
 
 def _trained_seconds(log_path: Path) -> float:
@@ -187,6 +197,7 @@ class Trainer:
         self.cores = cores_in_use(cfg, size, hvd.local_size())
         feats = norm.settings
         self.frames_per_second = feats.sample_rate / feats.hop_length
+        self.agreed_s, self.stopped_early = 0.0, False           # training time agreed by all workers
         self.comm_before = {"wait_s": 0.0, "skipped_steps": 0}   # comm_stats() counts from process start
         self.progress = {"step": 0, "mark": time.time()}         # last completed step; time counted up to
 
@@ -270,13 +281,10 @@ class Trainer:
         self.cores = cores_in_use(self.cfg, hvd.size(), hvd.local_size())
         budget_s = self.cfg.train.max_minutes * 60
         while state.epoch < self.cfg.train.epochs:
-            if budget_s and (state.trained_s >= budget_s
-                             or state.epoch_s > 0 and state.trained_s + state.epoch_s > budget_s):
-                # Stop before an epoch that would not end within the budget (all ranks decide alike: the
-                # figures come from allreduced/broadcast values).
+            if budget_s and state.trained_s >= budget_s:
+                # All ranks decide alike: the figure comes from allreduced values.
                 self.log({"event": "budget", "message": f"stopping before epoch {state.epoch}: "
-                          f"{state.trained_s / 60:.1f} of train.max_minutes={self.cfg.train.max_minutes:g} used"
-                          + (f", an epoch takes {state.epoch_s / 60:.1f}" if state.epoch_s > 0 else "")})
+                          f"{state.trained_s / 60:.1f} of train.max_minutes={self.cfg.train.max_minutes:g} used"})
                 break
             t0 = time.time()
             counts = self.train_epoch(state)
@@ -304,9 +312,12 @@ class Trainer:
         bar = tqdm(self.loader, desc=f"epoch {epoch}", disable=not interactive, leave=False, dynamic_ncols=True)
         last_note = time.time()
         steps_left = len(self.sampler)
+        self.stopped_early = False
         for batch in bar:
+            factor = lr_factor(state.step, epoch, cfg.train.warmup_steps, cfg.train.decay, cfg.train.schedule,
+                               self.progress_fraction(state), cfg.train.final_lr)
             for g in opt.param_groups:
-                g["lr"] = peak_lr * lr_factor(state.step, epoch, cfg.train.warmup_steps, cfg.train.decay)
+                g["lr"] = peak_lr * factor
             stats, gnorm = self.train_step(batch, epoch, state.step)
             state.step += 1
             self.progress["step"] = state.step
@@ -326,6 +337,9 @@ class Trainer:
                 if state.step % cfg.train.commit_every == 0 and steps_left > 0:
                     self._fold(state, local)
                     state.commit()
+            if state.step % self.CLOCK_EVERY == 0 and self.budget_used(state, t0):
+                self.stopped_early = steps_left > 0
+                break
             if stats is None:
                 continue
             bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['acc']:.2f}")
@@ -353,6 +367,27 @@ class Trainer:
                                op=hvd.Sum, name=f"epoch_sums.{epoch}")
         return {**dict(zip(LOSSES, means.tolist())), "batches": 1.0, "skipped_utterances": float(summed[0]),
                 "audio_s": float(summed[1])}
+
+    CLOCK_EVERY = 10          # steps between agreements on the training time (one tiny allreduce)
+
+    def budget_used(self, state, epoch_t0: float) -> bool:
+        """Agree on the training time so far (the slowest worker's); True when train.max_minutes is used
+        up. The agreed time also drives a cosine/linear schedule, so every worker sets the same lr."""
+        hvd = self.hvd
+        if self.elastic:
+            local = state.trained_s + state.train_s + (time.time() - self.progress["mark"])
+        else:
+            local = state.trained_s + (time.time() - epoch_t0)
+        self.agreed_s = float(hvd.allreduce(torch.tensor(local, dtype=torch.float64), op=hvd.Max, name="clock"))
+        budget_s = self.cfg.train.max_minutes * 60
+        return bool(budget_s) and self.agreed_s >= budget_s
+
+    def progress_fraction(self, state) -> float:
+        """How far through the run: the agreed training time over the budget, or (no budget) the step
+        over the epochs' steps."""
+        if self.cfg.train.max_minutes:
+            return max(self.agreed_s, state.trained_s) / (self.cfg.train.max_minutes * 60)
+        return state.step / max(1, self.cfg.train.epochs * len(self.sampler))
 
     def train_step(self, batch, epoch: int, step: int):
         """One optimizer step on one batch; returns (the model's stats or None for an empty batch, grad norm)."""
@@ -427,6 +462,8 @@ class Trainer:
                "skipped_steps": comm["skipped_steps"] - self.comm_before["skipped_steps"]}  # NaN/Inf averaged
         if self.elastic:   # utterances trained in committed steps, all workers: the epoch's, each once
             rec.update(workers=hvd.size(), utterances=int(counts["utterances"]))
+        if self.stopped_early:   # train.max_minutes ran out mid-epoch: the rest of this epoch was not trained
+            rec["stopped_at_budget"] = True
         self.comm_before.update(wait_s=comm["wait_s"], skipped_steps=comm["skipped_steps"])
         opt_state = opt.gather_state_dict(root_rank=0)     # collective: every worker's codec state
         if self.rank == 0:

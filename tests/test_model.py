@@ -101,3 +101,16 @@ def test_fused_padded_bilstm_equals_the_packed_path(stack, pools):
         assert torch.allclose(g0[n], g1[n], atol=1e-5, rtol=1e-4), (n, float((g0[n] - g1[n]).abs().max()))
     valid = torch.arange(e1.shape[1])[None, :] < l1[:, None]
     assert float(e1[~valid].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_schedule_ends_at_the_final_lr_and_epoch_decay_is_unchanged(schedule):
+    """Issue 15: cosine/linear schedules run from the peak (after warm-up) to final_lr at the end of the
+    budget; the per-epoch decay is as before."""
+    from asr.train import lr_factor
+    assert lr_factor(0, 0, 10, 0.9, schedule, 0.0, 0.05) == pytest.approx(0.1)          # warm-up
+    assert lr_factor(50, 0, 10, 0.9, schedule, 0.0, 0.05) == pytest.approx(1.0)
+    assert lr_factor(50, 3, 10, 0.9, schedule, 0.5, 0.05) == pytest.approx(0.525)       # half-way: both shapes
+    assert lr_factor(50, 3, 10, 0.9, schedule, 1.0, 0.05) == pytest.approx(0.05)        # the end value
+    assert lr_factor(50, 3, 10, 0.9, schedule, 7.0, 0.05) == pytest.approx(0.05)        # past the end: clamped
+    assert lr_factor(50, 2, 10, 0.9) == pytest.approx(0.81)

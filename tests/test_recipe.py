@@ -181,6 +181,18 @@ def test_time_budget_stops_before_an_epoch_that_would_overrun(corpus, tmp_path):
     assert "dev_wer_ctc" in next(r for r in recs if r["event"] == "epoch")
 
 
+def test_time_budget_stops_mid_epoch_and_leaves_no_minutes_unused(corpus, tmp_path):
+    """Issue 15: the budget is checked every 10 steps (an agreed clock), so a run stops mid-epoch when
+    train.max_minutes is used up, evaluates, checkpoints and says so, instead of skipping a whole epoch."""
+    run = tmp_path / "budget_mid"
+    train(overrides(corpus, run, train="train.jsonl", train__epochs=3, train__batch_seconds=4,
+                    train__max_minutes=0.0001, train__schedule="cosine", data__dev_subset=2))
+    recs = log_records(run)
+    epochs = [r for r in recs if r["event"] == "epoch"]
+    assert len(epochs) == 1 and epochs[0]["step"] == 10 and epochs[0]["stopped_at_budget"]
+    assert (run / "checkpoints" / "last.pt").exists() and json.loads((run / "DONE").read_text())["epochs"] == 1
+
+
 def test_unknown_config_key_lists_valid_ones(corpus, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "asr.train", "--config", str(CONF), "train.epoch=3"],
                           cwd=ROOT, capture_output=True, text=True)
