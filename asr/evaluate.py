@@ -36,16 +36,17 @@ def parse_args(argv=None):
                         "(no decoder); ctc_beam: CTC prefix beam search with optional LM fusion (--lm), the n-best "
                         "rescored by the attention decoder (--att-weight). Per-epoch results of each method are "
                         "kept apart (NAME, NAME.ctc, NAME.ctc_beam, NAME.ctc_beam_lm)")
-    p.add_argument("--beam", type=int, help="beam size (default: the config's decode.beam; 1 = greedy)")
+    # Every decoding default is the checkpoint's config decode section (asr.config.DecodeConfig).
+    p.add_argument("--beam", type=int, help="beam size (default: decode.beam, 1 = greedy; ctc_beam: decode.prefix_beam)")
     p.add_argument("--ctc-weight", type=float, help="CTC rescoring weight (default: the config's decode.ctc_weight)")
     p.add_argument("--lm", help="ctc_beam: language model from asr-lm (OUT/lm.pt) for shallow fusion")
-    # Defaults from a grid on 100 dev utterances (never test): LM weight 0.2/0.35/0.5 x bonus 0.5/1/2/3.
-    p.add_argument("--lm-weight", type=float, default=0.5, help="ctc_beam: LM weight (default 0.5)")
-    p.add_argument("--length-bonus", type=float, default=None,
+    p.add_argument("--lm-weight", type=float, help="ctc_beam: LM weight (default: decode.lm_weight, 0.5)")
+    p.add_argument("--length-bonus", type=float,
                    help="ctc_beam: score added per piece, against the LM's pull towards short hypotheses "
-                        "(default 3.0 with --lm, 0 without)")
-    p.add_argument("--att-weight", type=float, default=0.5,
-                   help="ctc_beam: attention weight when rescoring the n-best (0: CTC and LM only; default 0.5)")
+                        "(default: decode.length_bonus, 3.0, with --lm; 0 without)")
+    p.add_argument("--att-weight", type=float,
+                   help="ctc_beam: attention weight when rescoring the n-best (0: CTC and LM only; default: "
+                        "decode.att_weight, 0.5)")
     p.add_argument("--limit", type=int, default=0, help="decode only the first N utterances of each manifest")
     p.add_argument("--watch", action="store_true", help="--run-dir: wait for new checkpoints until RUN/DONE")
     p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="torch threads")
@@ -115,16 +116,19 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
 
 
 def _decode_opts(args, ckpt, lm=None) -> dict:
-    """evaluate()'s decoding keywords: the command line first, then the checkpoint's decode config."""
-    dec = ckpt.get("config", {}).get("decode", {})
-    opts = {"beam": args.beam if args.beam is not None else dec.get("beam", 1),
-            "ctc_weight": args.ctc_weight if args.ctc_weight is not None else dec.get("ctc_weight", 0.0),
+    """evaluate()'s decoding keywords: the command line first, then the checkpoint's decode config (whose
+    defaults are asr.config.DecodeConfig's, also for checkpoints written before a field existed)."""
+    import dataclasses
+    from .config import DecodeConfig
+    known = {f.name for f in dataclasses.fields(DecodeConfig)}
+    dec = DecodeConfig(**{k: v for k, v in ckpt.get("config", {}).get("decode", {}).items() if k in known})
+    pick = lambda flag, default: flag if flag is not None else default
+    opts = {"beam": pick(args.beam, dec.beam), "ctc_weight": pick(args.ctc_weight, dec.ctc_weight),
             "method": args.method}
     if args.method == "ctc_beam":
-        if args.beam is None:
-            opts["beam"] = max(opts["beam"], 8)
-        opts.update(lm=lm, lm_weight=args.lm_weight if lm is not None else 0.0, att_weight=args.att_weight,
-                    length_bonus=args.length_bonus if args.length_bonus is not None else (3.0 if lm is not None else 0.0))
+        opts.update(beam=pick(args.beam, dec.prefix_beam), lm=lm, att_weight=pick(args.att_weight, dec.att_weight),
+                    lm_weight=pick(args.lm_weight, dec.lm_weight) if lm is not None else 0.0,
+                    length_bonus=pick(args.length_bonus, dec.length_bonus if lm is not None else 0.0))
     return opts
 
 

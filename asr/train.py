@@ -58,6 +58,17 @@ def lr_factor(step: int, epoch: int, warmup: int, decay: float, schedule: str = 
     return warm * (final + (1.0 - final) * shape)
 
 
+def model_config(model, vocab_size: int, n_mels: int):
+    """The config's model section completed by the tokenizer's pieces and the features' mel bands. A
+    value the config sets (other than the default) that disagrees with them is an error naming both."""
+    defaults = type(model)()
+    for key, actual, what in (("vocab_size", vocab_size, "the tokenizer has"), ("feat_dim", n_mels, "the features have")):
+        asked = getattr(model, key)
+        if asked not in (getattr(defaults, key), actual):
+            raise ValueError(f"model.{key}={asked} but {what} {actual}; leave model.{key} out of the config")
+    return dataclasses.replace(model, vocab_size=vocab_size, feat_dim=n_mels)
+
+
 def _trained_seconds(log_path: Path) -> float:
     """Training + evaluation seconds already spent by the epochs in a run's log (for --resume)."""
     if not log_path.exists():
@@ -149,7 +160,7 @@ class Trainer:
         from torch.utils.data import DataLoader
 
         from .loader import BucketBatchSampler, Normalizer, SpeechDataset, Tokenizer, collate
-        from .models.bfa import BFA, BFAConfig
+        from .models.bfa import BFA
 
         self.cfg, self.elastic, self.hvd = cfg, elastic, hvd
         self.rank, size = hvd.rank(), hvd.size()
@@ -174,7 +185,7 @@ class Trainer:
         self.loader = DataLoader(self.train_set, batch_sampler=self.sampler, collate_fn=collate,
                                  num_workers=cfg.train.loader_workers, persistent_workers=cfg.train.loader_workers > 0)
 
-        self.model_cfg = BFAConfig(vocab_size=self.tok.vocab_size, **dataclasses.asdict(cfg.model))
+        self.model_cfg = model_config(cfg.model, self.tok.vocab_size, norm.settings.n_mels)
         torch.manual_seed(cfg.train.seed)
         self.model = BFA(self.model_cfg).to(self.device)
         base = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr * size, weight_decay=cfg.train.weight_decay)

@@ -236,7 +236,9 @@ def load_sections(path: Path):
         from asr.config import load_config
         import dataclasses
         cfg = load_config(path, [])
-        return dataclasses.asdict(cfg.model), cfg.train
+        model = dataclasses.asdict(cfg.model)
+        model.pop("vocab_size", None)       # from --vocab here
+        return model, cfg.train
     except ImportError as e:
         print(f"asr.config unavailable ({e}); reading {path.name} with a minimal parser", flush=True)
     tree, section = {}, None

@@ -28,7 +28,7 @@ def main() -> None:
     args = p.parse_args()
     import dataclasses
     from asr.config import load_config
-    from asr.models.bfa import BFA, BFAConfig
+    from asr.models.bfa import BFA
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, [])
     rows = []
@@ -41,7 +41,7 @@ def main() -> None:
         times, outs = {}, {}
         for fused in (False, True):
             torch.manual_seed(0)
-            model = BFA(BFAConfig(vocab_size=300, **{**dataclasses.asdict(cfg.model), "fused_lstm": fused}))
+            model = BFA(dataclasses.replace(cfg.model, vocab_size=300, fused_lstm=fused))
             model.train()
             model.encoder.dropout.p = 0.0
             t = []

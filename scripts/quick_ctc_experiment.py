@@ -72,7 +72,7 @@ def main():
     from asr.config import load_config
     from asr.decode import decode_manifest
     from asr.loader import BucketBatchSampler, Normalizer, Tokenizer, collate
-    from asr.models.bfa import BFA, BFAConfig, parameter_count
+    from asr.models.bfa import BFA, parameter_count
     from asr.metrics import ErrorCounts, word_errors
     from asr.train import lr_factor
 
@@ -87,7 +87,7 @@ def main():
     def prep(e, f):
         return e["id"], norm(f.float()), tok.encode(e["text"]), e["text"]
 
-    model_cfg = BFAConfig(vocab_size=tok.vocab_size, **dataclasses.asdict(cfg.model))
+    model_cfg = dataclasses.replace(cfg.model, vocab_size=tok.vocab_size)
     torch.manual_seed(a.seed)
     model = BFA(model_cfg)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)

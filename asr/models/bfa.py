@@ -23,7 +23,9 @@ from ..frontend.settings import N_MELS
 
 @dataclass
 class BFAConfig:
-    vocab_size: int                       # sentencepiece pieces (without eos)
+    """The model's settings; also the recipe config's ``model`` section, so each default exists once.
+    ``vocab_size`` and ``feat_dim`` come from the tokenizer and the feature statistics (0: take them)."""
+    vocab_size: int = 0                   # sentencepiece pieces (without eos)
     feat_dim: int = N_MELS                # the front end's default mel bands
     enc_hidden: int = 256                 # per direction
     enc_layers: int = 4
@@ -204,6 +206,8 @@ class Decoder(nn.Module):
 class BFA(nn.Module):
     def __init__(self, config: BFAConfig):
         super().__init__()
+        if config.vocab_size < 1:
+            raise ValueError(f"BFAConfig.vocab_size must be >= 1 (the tokenizer's pieces), got {config.vocab_size}")
         self.config = config
         self.encoder = Encoder(config)
         self.decoder = Decoder(config, self.encoder.out_dim)
