@@ -56,24 +56,27 @@ def parse_args(argv=None):
 
 
 def load_checkpoint(path):
-    from .checkpoint import CheckpointError, load_checkpoint as read_checkpoint
+    """(model, tokenizer, normalizer, TrainingCheckpoint) of a checkpoint written by asr.train; errors name the file."""
+    from .checkpoint import CheckpointError, TrainingCheckpoint
     from .loader import Normalizer, Tokenizer
     from .models.bfa import BFA, BFAConfig
+    from .train_lm import tokenizer_digest
     try:
-        ckpt = read_checkpoint(path, expect_keys=("model", "model_config", "tokenizer", "stats"),
-                               what="a BFA checkpoint written by asr.train")
+        ckpt = TrainingCheckpoint.load(path)
     except CheckpointError as e:
         raise SystemExit(f"asr-eval: {e}")
-    model = BFA(BFAConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
+    model = BFA(BFAConfig(**ckpt.model_config))
+    model.load_state_dict(ckpt.model)
     model.eval()
-    config = ckpt.get("config", {})
-    cmvn = config.get("data", {}).get("cmvn", "global")   # older checkpoints: global
+    if ckpt.tokenizer_digest and Path(ckpt.tokenizer).exists() and tokenizer_digest(ckpt.tokenizer) != ckpt.tokenizer_digest:
+        raise SystemExit(f"asr-eval: {path}: the tokenizer {ckpt.tokenizer} changed since this model was trained "
+                         f"(digest {tokenizer_digest(ckpt.tokenizer)}, trained with {ckpt.tokenizer_digest})")
+    cmvn = ckpt.config.get("data", {}).get("cmvn", "global")   # older checkpoints: global
     try:   # the features the run asked for (older checkpoints: none) must be the statistics file's
-        norm = Normalizer(ckpt["stats"], cmvn, expect=config.get("features"))
+        norm = Normalizer(ckpt.stats, cmvn, expect=ckpt.config.get("features"))
     except ValueError as e:
         raise SystemExit(f"asr-eval: {path}: {e}")
-    return model, Tokenizer(ckpt["tokenizer"]), norm, ckpt
+    return model, Tokenizer(ckpt.tokenizer), norm, ckpt
 
 
 def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0, limit: int = 0,
@@ -121,7 +124,7 @@ def _decode_opts(args, ckpt, lm=None) -> dict:
     import dataclasses
     from .config import DecodeConfig
     known = {f.name for f in dataclasses.fields(DecodeConfig)}
-    dec = DecodeConfig(**{k: v for k, v in ckpt.get("config", {}).get("decode", {}).items() if k in known})
+    dec = DecodeConfig(**{k: v for k, v in ckpt.config.get("decode", {}).items() if k in known})
     pick = lambda flag, default: flag if flag is not None else default
     opts = {"beam": pick(args.beam, dec.beam), "ctc_weight": pick(args.ctc_weight, dec.ctc_weight),
             "method": args.method}
@@ -142,14 +145,14 @@ def _load_lm(args, ckpt_path, ckpt):
         lm, meta = load_lm(args.lm)
     except ValueError as e:
         raise SystemExit(f"asr-eval: --lm {e}")
-    tok_path = Path(ckpt["tokenizer"])
+    tok_path = Path(ckpt.tokenizer)
     if tok_path.exists() and meta.get("tokenizer_digest") and tokenizer_digest(tok_path) != meta["tokenizer_digest"]:
         raise SystemExit(f"asr-eval: --lm {args.lm} was trained with tokenizer {meta.get('tokenizer')}, "
                          f"but {ckpt_path} uses {tok_path} (a different model): retrain the LM with asr-lm --tokenizer "
                          f"{tok_path}")
-    if lm.config.vocab_size != ckpt["model_config"]["vocab_size"]:
+    if lm.config.vocab_size != ckpt.model_config["vocab_size"]:
         raise SystemExit(f"asr-eval: --lm {args.lm} has {lm.config.vocab_size} pieces, {ckpt_path} "
-                         f"{ckpt['model_config']['vocab_size']}")
+                         f"{ckpt.model_config['vocab_size']}")
     return lm
 
 

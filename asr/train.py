@@ -36,13 +36,15 @@ def parse_args(argv=None):
 
 
 def load_resume_checkpoint(path: Path):
-    """The checkpoint to resume from, or the error message (a string) to show on every rank."""
-    from .checkpoint import CheckpointError, load_checkpoint
+    """The checkpoint to resume from (a TrainingCheckpoint), or the error message (a string) to show on every rank."""
+    from .checkpoint import CheckpointError, TrainingCheckpoint
     try:
-        return load_checkpoint(path, expect_keys=("model", "optimizer", "epoch", "step"),
-                               what="a BFA checkpoint written by asr.train")
+        ckpt = TrainingCheckpoint.load(path)
     except CheckpointError as e:
         return f"cannot resume: {e}"
+    if ckpt.optimizer is None:
+        return f"cannot resume: {path} holds no optimizer state"
+    return ckpt
 
 
 def lr_factor(step: int, epoch: int, warmup: int, decay: float, schedule: str = "epoch", progress: float = 0.0,
@@ -206,8 +208,10 @@ class Trainer:
             host = os.environ.get("HOROVOD_HOSTNAME", "local")
             self.trace = open(self.out / "trace" / f"utts.{host}.{self.rank}.{os.getpid()}.jsonl", "a")
         self.cores = cores_in_use(cfg, size, hvd.local_size())
-        feats = norm.settings
-        self.frames_per_second = feats.sample_rate / feats.hop_length
+        self.features = norm.settings
+        self.frames_per_second = self.features.sample_rate / self.features.hop_length
+        from .train_lm import tokenizer_digest
+        self.tokenizer_digest = tokenizer_digest(cfg.data.tokenizer)
         self.agreed_s, self.stopped_early = 0.0, False           # training time agreed by all workers
         self.comm_before = {"wait_s": 0.0, "skipped_steps": 0}   # comm_stats() counts from process start
         self.progress = {"step": 0, "mark": time.time()}         # last completed step; time counted up to
@@ -238,11 +242,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ resume
     def _load(self, ckpt) -> tuple[int, int]:
-        self.model.load_state_dict(ckpt["model"])
-        self.opt.load_state_dict(ckpt["optimizer"])
-        start_epoch, step = ckpt["epoch"] + 1, ckpt["step"]
+        self.model.load_state_dict(ckpt.model)
+        self.opt.load_state_dict(ckpt.optimizer)
+        start_epoch, step = ckpt.epoch + 1, ckpt.step
         self.log({"event": "resume", "from": str(self.last), "epoch": start_epoch, "step": step,
-                  "codec_state_workers": ckpt["optimizer"].get("horovod_ext", {}).get("world_size")})
+                  "codec_state_workers": ckpt.optimizer.get("horovod_ext", {}).get("world_size")})
         return start_epoch, step
 
     def resume(self, resume: bool) -> dict:
@@ -459,7 +463,7 @@ class Trainer:
     # ------------------------------------------------------------------ record and checkpoint
     def finish_epoch(self, state, counts: dict, dev: dict, train_s: float, eval_s: float, t0: float) -> None:
         """Log the epoch's record, write the checkpoint, advance the position (and commit it)."""
-        from .checkpoint import atomic_save
+        from .checkpoint import TrainingCheckpoint
         hvd, opt, epoch = self.hvd, self.opt, state.epoch
         comm = opt.comm_stats()["total"]
         rec = {"event": "epoch", "epoch": epoch, "step": state.step,
@@ -479,12 +483,13 @@ class Trainer:
         opt_state = opt.gather_state_dict(root_rank=0)     # collective: every worker's codec state
         if self.rank == 0:
             cfg = self.cfg
-            ckpt = {"model": self.model.state_dict(), "optimizer": opt_state, "epoch": epoch, "step": state.step,
-                    "model_config": dataclasses.asdict(self.model_cfg), "config": cfg.to_dict(),
-                    "tokenizer": str(Path(cfg.data.tokenizer).resolve()),
-                    "stats": str(Path(cfg.data.stats).resolve()), "dev_wer_greedy": dev["dev_wer_greedy"]}
-            atomic_save(ckpt, self.out / "checkpoints" / f"epoch{epoch:03d}.pt")
-            atomic_save(ckpt, self.last)
+            ckpt = TrainingCheckpoint(model=self.model.state_dict(), optimizer=opt_state, epoch=epoch, step=state.step,
+                                      model_config=dataclasses.asdict(self.model_cfg), config=cfg.to_dict(),
+                                      tokenizer=cfg.data.tokenizer, stats=cfg.data.stats,
+                                      tokenizer_digest=self.tokenizer_digest, features=self.features.to_dict(),
+                                      dev_wer_greedy=dev["dev_wer_greedy"])
+            ckpt.save(self.out / "checkpoints" / f"epoch{epoch:03d}.pt")
+            ckpt.save(self.last)
             if cfg.train.keep_epochs:
                 for old in sorted((self.out / "checkpoints").glob("epoch*.pt"))[:-cfg.train.keep_epochs]:
                     old.unlink()

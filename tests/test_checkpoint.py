@@ -164,5 +164,32 @@ def test_asr_eval_names_a_bad_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match=r"asr-eval: .*last\.pt: empty file.*BFA checkpoint"):
         eval_load(tmp_path / "last.pt")
     atomic_save({"model": {}}, tmp_path / "lm.pt")
-    with pytest.raises(SystemExit, match=r"lm\.pt: no 'model_config', 'tokenizer', 'stats'"):
+    with pytest.raises(SystemExit, match=r"lm\.pt: no 'model_config', 'epoch', 'tokenizer', 'stats'"):
         eval_load(tmp_path / "lm.pt")
+
+
+def test_training_checkpoint_round_trip_with_relative_paths(tmp_path):
+    """Issue 17: the typed training checkpoint stores the tokenizer and statistics relative to its folder, so a
+    run moved together with its corpus still finds them; older dict checkpoints (absolute paths) still load."""
+    from asr.checkpoint import TrainingCheckpoint
+    corpus, run = tmp_path / "exp" / "corpus", tmp_path / "exp" / "run"
+    (corpus / "tok").mkdir(parents=True)
+    (corpus / "tok" / "t.model").write_bytes(b"sp")
+    ck = TrainingCheckpoint(model={"w": torch.ones(2)}, model_config={"vocab_size": 5}, config={"data": {}}, epoch=3,
+                            step=40, tokenizer=str(corpus / "tok" / "t.model"), stats=str(corpus / "stats.json"),
+                            optimizer={"state": {}, "param_groups": []}, tokenizer_digest="abc",
+                            features={"n_mels": 40}, dev_wer_greedy=0.5)
+    ck.save(run / "checkpoints" / "last.pt")
+    raw = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert raw["tokenizer"] == "../../corpus/tok/t.model" and raw["format"] == 2
+    moved = tmp_path / "elsewhere" / "exp"
+    moved.parent.mkdir()
+    (tmp_path / "exp").rename(moved)
+    again = TrainingCheckpoint.load(moved / "run" / "checkpoints" / "last.pt")
+    assert again.tokenizer == str((moved / "corpus" / "tok" / "t.model").resolve())
+    assert again.epoch == 3 and again.step == 40 and torch.equal(again.model["w"], torch.ones(2))
+    assert again.features == {"n_mels": 40} and again.tokenizer_digest == "abc" and again.optimizer["state"] == {}
+    atomic_save({"model": {}, "model_config": {}, "epoch": 1, "step": 2, "tokenizer": "/abs/t.model",
+                 "stats": "/abs/s.json", "optimizer": {}}, tmp_path / "old.pt")
+    old = TrainingCheckpoint.load(tmp_path / "old.pt")
+    assert old.format == 1 and old.tokenizer == "/abs/t.model" and old.config == {} and old.features == {}
