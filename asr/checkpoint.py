@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CheckpointError", "TrainingCheckpoint", "atomic_save", "load_checkpoint", "to_loadable"]
+__all__ = ["CheckpointError", "TrainingCheckpoint", "atomic_save", "average_checkpoints", "load_checkpoint",
+           "to_loadable"]
 
 
 class CheckpointError(ValueError):
@@ -212,3 +213,26 @@ class TrainingCheckpoint:
         for key in ("tokenizer", "stats"):
             rec[key] = str((path.resolve().parent / rec[key]).resolve())       # absolute stays absolute
         return cls(**rec)
+
+
+def average_checkpoints(paths) -> TrainingCheckpoint:
+    """The element-wise mean of the model parameters of several training checkpoints of one run (as ESPnet's
+    ``average_checkpoints``): floating tensors are averaged in float64 and cast back, integer buffers come
+    from the last checkpoint, and so does everything else (config, position). The optimizer state is left
+    out: an average is for decoding, not for resuming."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("average_checkpoints: no checkpoint given")
+    cks = [TrainingCheckpoint.load(p) for p in paths]
+    last = cks[-1]
+    for p, ck in zip(paths, cks):
+        if ck.model.keys() != last.model.keys() or ck.model_config != last.model_config:
+            raise CheckpointError(f"{p}: another model than {paths[-1]} (parameters or model_config differ); "
+                                  f"average checkpoints of one run")
+    model = {}
+    for k, v in last.model.items():
+        if v.is_floating_point():
+            model[k] = (sum(ck.model[k].double() for ck in cks) / len(cks)).to(v.dtype)
+        else:
+            model[k] = v.clone()
+    return dataclasses.replace(last, model=model, optimizer=None)

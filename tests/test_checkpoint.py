@@ -193,3 +193,24 @@ def test_training_checkpoint_round_trip_with_relative_paths(tmp_path):
                  "stats": "/abs/s.json", "optimizer": {}}, tmp_path / "old.pt")
     old = TrainingCheckpoint.load(tmp_path / "old.pt")
     assert old.format == 1 and old.tokenizer == "/abs/t.model" and old.config == {} and old.features == {}
+
+
+def test_checkpoint_averaging_is_the_elementwise_mean(tmp_path):
+    """Issue 15: averaging the last epochs' checkpoints gives the mean of each floating parameter (integer
+    buffers and everything else from the last one, no optimizer state); a checkpoint of another model is refused."""
+    from asr.average import main as average_main
+    from asr.checkpoint import TrainingCheckpoint
+    run = tmp_path / "run"
+    for e, w in enumerate([1.0, 2.0, 6.0]):
+        TrainingCheckpoint(model={"w": torch.full((2, 2), w), "n": torch.tensor(e)}, model_config={"vocab_size": 3},
+                           config={}, epoch=e, step=10 * e, tokenizer=str(tmp_path / "t.model"),
+                           stats=str(tmp_path / "s.json"), optimizer={"state": {}}).save(
+            run / "checkpoints" / f"epoch{e:03d}.pt")
+    assert average_main(["--run-dir", str(run), "--last", "2"]) == 0
+    avg = TrainingCheckpoint.load(run / "checkpoints" / "avg_last2.pt")
+    assert torch.equal(avg.model["w"], torch.full((2, 2), 4.0)) and int(avg.model["n"]) == 2
+    assert avg.optimizer is None and avg.epoch == 2 and avg.step == 20
+    assert average_main(["--run-dir", str(run), "--last", "4"]) == 2
+    TrainingCheckpoint(model={"v": torch.ones(1)}, model_config={"vocab_size": 3}, config={}, epoch=3, step=30,
+                       tokenizer="t", stats="s").save(run / "checkpoints" / "epoch003.pt")
+    assert average_main(["--run-dir", str(run), "--last", "2"]) == 2
