@@ -447,6 +447,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         hx_state = state_dict.pop("horovod_ext", None)
         self._reset_rounds()
         super(self.__class__, self).load_state_dict(state_dict)
+        # torch's load_state_dict replaces the param-group dicts: codec hooks must read the new ones (the
+        # learning rate DEF perturbs with, above all).
+        self._group_of = {p: g for g in self.param_groups for p in g["params"]}
         if hx_state is not None:
             self._load_hx_state(hx_state)
 
