@@ -9,6 +9,7 @@ with every training utterance counted once in committed steps, the utterance tra
 at most commit_every x 3 batches trained twice), checkpoints and DONE.
 """
 import json
+from pathlib import Path
 import sys
 import time
 
@@ -19,11 +20,23 @@ from tests.test_recipe import CONF, corpus, log_records, overrides  # noqa: F401
 
 pytestmark = pytest.mark.horovod
 
-VICTIM = LOCAL_HOSTS[2]
 COMMIT = 2
 
 
-def test_recipe_elastic_survives_a_lost_worker(corpus, tmp_path):  # noqa: F811
+def _victim_host(trace: Path, rank0: bool):
+    """The host whose worker has rank 0 (or, else, the last other one), from the trace file names
+    utts.HOST.RANK.PID.jsonl: which rank lands on which host name is Horovod's choice."""
+    ranks = {}
+    for f in trace.glob("utts.*.jsonl"):
+        host, rank = f.name[len("utts."):].rsplit(".", 3)[:2]
+        ranks[int(rank)] = host
+    if len(ranks) < 3:
+        return None
+    return ranks[0] if rank0 else ranks[max(ranks)]
+
+
+@pytest.mark.parametrize("victim", ["rank0", "other"])
+def test_recipe_elastic_survives_a_lost_worker(corpus, tmp_path, victim):  # noqa: F811
     run = tmp_path / "run"
     hosts_file = tmp_path / "hosts.txt"          # read by the recipe's discovery script
     write_hosts(hosts_file, LOCAL_HOSTS[:3])
@@ -37,10 +50,11 @@ def test_recipe_elastic_survives_a_lost_worker(corpus, tmp_path):  # noqa: F811
     try:
         deadline = time.time() + 180
         while killed_at is None and time.time() < deadline and job.proc.poll() is None:
-            rows = read_jsonl((run / "trace").glob(f"utts.{VICTIM}.*.jsonl")) if (run / "trace").exists() else []
+            host = _victim_host(run / "trace", victim == "rank0") if (run / "trace").exists() else None
+            rows = read_jsonl((run / "trace").glob(f"utts.{host}.*.jsonl")) if host else []
             done = [r["step"] for r in rows if r["epoch"] == 0]
             if done and max(done) >= 3:          # mid-epoch 0: past a commit (step 2), 7 steps in all
-                job.kill(VICTIM, "asr.train")
+                job.kill(host, "asr.train")
                 killed_at = max(done)
             time.sleep(0.02)
         rc, output = job.wait(timeout=240)
