@@ -203,11 +203,12 @@ class TrainingCheckpoint:
     def load(cls, path, map_location="cpu") -> "TrainingCheckpoint":
         """Read a checkpoint of any format asr.train has written (older ones: absolute paths, fewer fields)."""
         path = Path(path)
-        rec = load_checkpoint(path, map_location, expect_keys=("model", "model_config", "epoch", "tokenizer", "stats"),
+        rec = load_checkpoint(path, map_location, expect_keys=("model", "model_config", "tokenizer", "stats"),
                               what="a BFA checkpoint written by asr.train")
         known = {f.name for f in dataclasses.fields(cls)}
         rec = {k: v for k, v in rec.items() if k in known}
         rec.setdefault("config", {})
+        rec.setdefault("epoch", 0)
         rec.setdefault("step", 0)
         rec["format"] = rec.get("format", 1)
         for key in ("tokenizer", "stats"):

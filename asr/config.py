@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from .frontend.settings import FeatureSettings
+from .augment.config import AugmentConfig
 from .models.bfa import BFAConfig
 
 
@@ -36,18 +37,13 @@ class DataConfig:
 
 
 @dataclass
-class AugmentSection:
+class AugmentSection(AugmentConfig):
+    """The augmenter's own settings (:class:`asr.augment.config.AugmentConfig`, each default there) plus what
+    only a recipe decides: whether to augment at all, and where the simulated rooms are kept ("auto":
+    ``rir_cache/`` next to data.train, shared by every worker and run; "": memory only). The feature settings
+    are not set here: they are the statistics file's (the top-level ``features`` section checks them)."""
     enabled: bool = True
-    vtlp: bool = True
-    vtlp_range: list = field(default_factory=lambda: [0.9, 1.1])
-    sim_prob: float = 0.5
-    t60: list = field(default_factory=lambda: [0.1, 0.9])
-    snr_db: list = field(default_factory=lambda: [0.0, 30.0])
-    noise_sources: list = field(default_factory=lambda: [0, 3])
-    pool_size: int = 64
-    rir_cache: str = "auto"             # simulated rooms on disk, shared by all workers and runs: "auto" is
-                                        # rir_cache/ next to data.train, "" keeps them in memory only
-    specaugment: bool = False
+    rir_cache: str | None = "auto"
 
 
 @dataclass
@@ -190,6 +186,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             raise ConfigError(f"override {item!r}: expected section.key=value (e.g. train.epochs=3)")
         key, value = item.split("=", 1)
         _set_path(tree, key.strip(), yaml.safe_load(value) if value.strip() else "")
+    if isinstance(tree.get("augment"), dict) and "features" in tree["augment"]:
+        raise ConfigError(f"{path or 'config'}: augment.features: the feature settings come from data.stats; "
+                          f"state them in the top-level features section (e.g. features.mel_compression=log)")
     try:
         cfg = _build(Config, tree, "")
         for key, allowed in CHOICES.items():

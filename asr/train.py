@@ -110,16 +110,14 @@ class Babble:
 
 
 def build_augmenter(cfg, dataset, seed: int):
+    """The augmenter of the config's augment section, computing the statistics file's features."""
     if not cfg.augment.enabled:
         return None
-    from .augment.pipeline import AugmentConfig, Augmenter
+    from .augment.pipeline import Augmenter
     a = cfg.augment
     rir_cache = str(Path(cfg.data.train).resolve().parent / "rir_cache") if a.rir_cache == "auto" else a.rir_cache
-    ac = AugmentConfig(vtlp=a.vtlp, vtlp_range=tuple(a.vtlp_range), sim_prob=a.sim_prob, t60=tuple(a.t60),
-                       snr_db=tuple(a.snr_db), noise_sources=tuple(a.noise_sources), pool_size=a.pool_size,
-                       rir_cache=rir_cache or None, specaugment=a.specaugment,
-                       features=dataset.normalizer.settings)
-    return Augmenter(ac, seed=seed, babble=Babble(dataset))
+    return Augmenter(dataclasses.replace(a, rir_cache=rir_cache or None, features=dataset.normalizer.settings),
+                     seed=seed, babble=Babble(dataset))
 
 
 class _Run:

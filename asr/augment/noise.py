@@ -17,7 +17,7 @@ from scipy.fft import next_fast_len
 from ..frontend import SAMPLE_RATE
 
 COLORS = {"white": 0.0, "pink": 1.0, "brown": 2.0}   # spectral slope: power ~ 1 / f**beta
-NOISE_KINDS = ("white", "pink", "brown", "babble", "tone")
+from .config import NOISE_KINDS
 
 BabbleSource = Union[Sequence[torch.Tensor], Callable[[np.random.Generator], torch.Tensor]]
 

@@ -44,7 +44,7 @@ import torch
 
 from ..frontend import SAMPLE_RATE
 
-ABSORPTION_MODELS = ("ism", "eyring", "sabine")
+from .config import ABSORPTION_MODELS
 _CACHE_FORMAT = 1                                # bump when RoomEntry or build_room changes what a room holds
 SPEED_OF_SOUND = float(pra.constants.get("c"))   # what ShoeBox uses without temperature/humidity
 

@@ -7,27 +7,11 @@ global RNG state is restored afterwards.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 import torchaudio.transforms as T
 
-
-@dataclass(frozen=True)
-class SpecAugmentConfig:
-    freq_masks: int = 2
-    freq_width: int = 8        # max mask width in mel bands (of 40)
-    time_masks: int = 2
-    time_width: int = 40       # max mask width in frames (10 ms)
-    time_max_fraction: float = 0.2   # a time mask covers at most this fraction of the utterance
-    mask_value: float = 0.0    # 0 = silence for power-law features
-
-    def __post_init__(self):
-        for name in ("freq_masks", "freq_width", "time_masks", "time_width"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"SpecAugmentConfig.{name} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 <= self.time_max_fraction <= 1.0:
-            raise ValueError(f"SpecAugmentConfig.time_max_fraction must be in [0, 1], got {self.time_max_fraction}")
+from .config import SpecAugmentConfig
 
 
 def spec_augment(features: torch.Tensor, generator: torch.Generator, cfg: SpecAugmentConfig = SpecAugmentConfig()

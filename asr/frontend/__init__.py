@@ -14,9 +14,9 @@ import importlib
 
 _MODULE_OF = {
     **dict.fromkeys(("AUDIO_ERROR_CODES", "AudioError", "flac_total_samples", "load_wave", "read_audio"), "audio"),
-    **dict.fromkeys(("VTLP_BOUNDARY_HZ", "compress_mel", "compute_features", "mel_features", "mel_filterbank",
+    **dict.fromkeys(("compress_mel", "compute_features", "mel_features", "mel_filterbank",
                      "mel_points_hz", "power_spectrogram", "warp_frequencies"), "mel"),
-    **dict.fromkeys(("DEFAULT_FEATURES", "LOG_FLOOR", "MEL_COMPRESSIONS", "N_MELS", "POWER_EXPONENT", "SAMPLE_RATE",
+    **dict.fromkeys(("DEFAULT_FEATURES", "VTLP_BOUNDARY_HZ", "LOG_FLOOR", "MEL_COMPRESSIONS", "N_MELS", "POWER_EXPONENT", "SAMPLE_RATE",
                      "FeatureMismatchError", "FeatureSettings"), "settings"),
 }
 __all__ = sorted(_MODULE_OF)

@@ -31,9 +31,7 @@ import math
 import torch
 import torchaudio.functional as AF
 
-from .settings import DEFAULT_FEATURES, LOG_FLOOR, MEL_COMPRESSIONS, POWER_EXPONENT, FeatureSettings
-
-VTLP_BOUNDARY_HZ = 4800.0        # F_hi of the warp: frequencies above it are squeezed so Nyquist stays Nyquist
+from .settings import DEFAULT_FEATURES, LOG_FLOOR, MEL_COMPRESSIONS, POWER_EXPONENT, VTLP_BOUNDARY_HZ, FeatureSettings
 
 
 def warp_frequencies(freqs: torch.Tensor, warp: float, sample_rate: int = DEFAULT_FEATURES.sample_rate,

@@ -115,5 +115,6 @@ class FeatureSettings:
 
 
 DEFAULT_FEATURES = FeatureSettings()
+VTLP_BOUNDARY_HZ = 4800.0        # F_hi of the VTLP warp: frequencies above it are squeezed so Nyquist stays Nyquist
 SAMPLE_RATE = DEFAULT_FEATURES.sample_rate     # the recipe's audio rate (asr-prep writes every corpus at it)
 N_MELS = DEFAULT_FEATURES.n_mels
