@@ -15,6 +15,7 @@ from torch.utils.data import Dataset, Sampler
 
 from .batching import pack_by_length
 from .config import CHOICES
+from .shared_epoch import SharedEpoch
 from .data.manifest import audio_path, read_manifest
 from .data.stats import read_stats
 from .frontend import N_MELS, compute_features, load_wave
@@ -112,11 +113,11 @@ class SpeechDataset(Dataset):
         self.tokenizer = tokenizer
         self.normalizer = normalizer
         self.augmenter = augmenter
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._epoch = SharedEpoch()             # seen by persistent DataLoader workers
         self._logged_skips: set[str] = set()
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch.fill_(int(epoch))
+        self._epoch.set(epoch)
 
     @property
     def augmenter(self):

@@ -83,30 +83,12 @@ def _trained_seconds(log_path: Path) -> float:
     return total
 
 
-class Babble:
-    """Babble noise source for the simulator: random training utterances (picklable).
-
-    Draws from a fixed subset of ``pool`` utterances, decoded once per loader worker and kept, so a
-    babble source costs no audio decoding after warm-up."""
-
-    def __init__(self, dataset, pool: int = 64):
-        from .data.manifest import audio_path
-        step = max(1, len(dataset.entries) // pool)
-        self.paths = [str(audio_path(e, dataset.manifest)) for e in dataset.entries[::step][:pool]]
-        self._cache: dict[int, torch.Tensor] = {}
-
-    def __call__(self, rng):
-        from .frontend import load_wave
-        i = int(rng.integers(len(self.paths)))
-        for j in [i] + [k for k in range(len(self.paths)) if k != i]:   # an unreadable talker: the next one
-            if j not in self._cache:
-                try:
-                    self._cache[j] = load_wave(self.paths[j])
-                except ValueError:
-                    self._cache[j] = None
-            if self._cache[j] is not None:
-                return self._cache[j]
-        raise ValueError(f"no readable babble talker among {len(self.paths)} training files")
+def babble_talkers(dataset, sample_rate: int, pool: int = 64):
+    """Babble for the simulator: a fixed subset of ``pool`` training utterances, spread over the manifest."""
+    from .augment.noise import TalkerPool
+    from .data.manifest import audio_path
+    step = max(1, len(dataset.entries) // pool)
+    return TalkerPool([str(audio_path(e, dataset.manifest)) for e in dataset.entries[::step][:pool]], sample_rate)
 
 
 def build_augmenter(cfg, dataset, seed: int):
@@ -117,7 +99,7 @@ def build_augmenter(cfg, dataset, seed: int):
     a = cfg.augment
     rir_cache = str(Path(cfg.data.train).resolve().parent / "rir_cache") if a.rir_cache == "auto" else a.rir_cache
     return Augmenter(dataclasses.replace(a, rir_cache=rir_cache or None, features=dataset.normalizer.settings),
-                     seed=seed, babble=Babble(dataset))
+                     seed=seed, babble=babble_talkers(dataset, dataset.normalizer.settings.sample_rate))
 
 
 class _Run:

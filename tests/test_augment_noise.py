@@ -86,3 +86,25 @@ def test_pipeline_mixture_has_the_drawn_snr(monkeypatch):
         assert snr_db(speech_rev, out.wave - speech_rev) == pytest.approx(snr, abs=0.5)
         # the reverberant speech keeps the clean utterance's level
         assert float(speech_rev.pow(2).mean()) == pytest.approx(float(wave.pow(2).mean()), rel=1e-4)
+
+
+def test_talker_pool_passes_over_unreadable_files_and_pickles(tmp_path):
+    """One babble-talker source for the trainer and AugmentedDataset: draws with the given rng, decodes a path
+    once, passes over an unreadable file for the next talker, and pickles into spawned loader workers."""
+    import pickle
+
+    import numpy as np
+    import soundfile as sf
+    import torch
+
+    from asr.augment.noise import TalkerPool
+    good = tmp_path / "good.flac"
+    sf.write(good, np.sin(np.arange(16000) / 10.0).astype("float32"), 16000)
+    (tmp_path / "bad.flac").write_bytes(b"not audio")
+    pool = TalkerPool([str(tmp_path / "bad.flac"), str(good)], 16000)
+    rng = np.random.default_rng(0)
+    waves = [pool(rng) for _ in range(6)]
+    assert all(w.shape == (16000,) for w in waves) and pool._cache[0] is None
+    assert torch.equal(pickle.loads(pickle.dumps(pool))(np.random.default_rng(1)), waves[0])
+    with pytest.raises(ValueError, match="no readable babble talker"):
+        TalkerPool([str(tmp_path / "bad.flac")], 16000)(rng)

@@ -1,7 +1,6 @@
 """A Dataset that returns augmented features, so a DataLoader's CPU workers do all augmentation.
 
-The epoch lives in a shared-memory tensor: ``set_epoch`` in the main process is then seen by persistent DataLoader
-workers too (a plain attribute would stay frozen in each worker's copy, silently repeating epoch 0's draws).
+The epoch is an :class:`asr.shared_epoch.SharedEpoch`, so ``set_epoch`` reaches persistent DataLoader workers.
 """
 from __future__ import annotations
 
@@ -12,18 +11,9 @@ import torch
 from torch.utils.data import Dataset
 
 from ..frontend import load_wave
+from ..shared_epoch import SharedEpoch
+from .noise import TalkerPool
 from .pipeline import Augmenter
-
-
-class _ItemBabble:
-    """Babble talkers drawn from the dataset's items (a class, not a lambda, so it pickles for spawned workers)."""
-
-    def __init__(self, items, sample_rate: int):
-        self.items, self.sample_rate = items, sample_rate
-
-    def __call__(self, rng: np.random.Generator) -> torch.Tensor:
-        src = self.items[int(rng.integers(len(self.items)))][1]
-        return src if isinstance(src, torch.Tensor) else load_wave(src, self.sample_rate)
 
 
 class AugmentedDataset(Dataset):
@@ -38,7 +28,7 @@ class AugmentedDataset(Dataset):
                 raise ValueError(f"AugmentedDataset item {i}: expected (utt_id, wave_or_path[, label]), got {item!r}")
         self.items = list(items)
         self.augmenter = augmenter
-        self._epoch = torch.tensor(int(epoch), dtype=torch.int64).share_memory_()
+        self._epoch = SharedEpoch(epoch)
         if babble_from_items:
             augmenter.babble = self.babble_source()
 
@@ -47,7 +37,7 @@ class AugmentedDataset(Dataset):
         return int(self._epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch.fill_(int(epoch))
+        self._epoch.set(epoch)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -58,7 +48,7 @@ class AugmentedDataset(Dataset):
 
     def babble_source(self):
         """A callable(rng) -> waveform drawing random utterances of this dataset (for Augmenter(babble=...))."""
-        return _ItemBabble(self.items, self.augmenter.config.features.sample_rate)
+        return TalkerPool([item[1] for item in self.items], self.augmenter.config.features.sample_rate)
 
     def __getitem__(self, index: int):
         utt_id = self.items[index][0]

@@ -56,6 +56,36 @@ def tones(n: int, rng: np.random.Generator, sample_rate: int = SAMPLE_RATE, max_
     return _unit_power(out.to(torch.float32))
 
 
+class TalkerPool:
+    """Babble talkers from recorded utterances (waveforms or audio paths): each draw picks one with the
+    given rng; a path is decoded on first use and kept (so a pool costs no decoding after warm-up); an
+    unreadable file is passed over for the next one. A class, not a lambda, so it pickles into spawned
+    DataLoader workers."""
+
+    def __init__(self, sources, sample_rate: int):
+        if not sources:
+            raise ValueError("TalkerPool: no talkers given")
+        self.sources, self.sample_rate = list(sources), sample_rate
+        self._cache: dict[int, torch.Tensor | None] = {}
+
+    def __call__(self, rng: np.random.Generator) -> torch.Tensor:
+        from ..frontend import load_wave
+        n = len(self.sources)
+        i = int(rng.integers(n))
+        for j in [i] + [k for k in range(n) if k != i]:
+            src = self.sources[j]
+            if isinstance(src, torch.Tensor):
+                return src
+            if j not in self._cache:
+                try:
+                    self._cache[j] = load_wave(src, self.sample_rate)
+                except ValueError:          # unreadable (AudioError names the file): the next talker
+                    self._cache[j] = None
+            if self._cache[j] is not None:
+                return self._cache[j]
+        raise ValueError(f"no readable babble talker among {n} files")
+
+
 def _draw_talker(source: BabbleSource, rng: np.random.Generator) -> torch.Tensor:
     if callable(source):
         wave = source(rng)
