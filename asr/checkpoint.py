@@ -17,12 +17,13 @@ import dataclasses
 import enum
 import os
 import pickle
-import secrets
 import warnings
 from collections import OrderedDict
 from pathlib import Path
 
 import torch
+
+from .atomic import atomic_path
 
 __all__ = ["CheckpointError", "TrainingCheckpoint", "atomic_save", "average_checkpoints", "load_checkpoint",
            "to_loadable"]
@@ -77,29 +78,10 @@ def atomic_save(obj, path) -> None:
 
     ``obj`` goes through :func:`to_loadable` first, so what is written can be read by
     :func:`load_checkpoint`; the folder is created if needed."""
-    path = Path(path)
     obj = to_loadable(obj)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
+    with atomic_path(path) as tmp:
         with open(tmp, "xb") as f:
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    try:                                           # make the rename itself durable (POSIX; best effort)
-        fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 _ZIP_MAGIC = b"PK\x03\x04"

@@ -39,7 +39,7 @@ def main() -> None:
                 for a in n.names:
                     if a.name.split(".")[0] in ("asr", "horovod_ext"):
                         edges[package_of(module)].add(package_of(a.name))
-    print(f"lines: " + ", ".join(f"{k} {v}" for k, v in sorted(lines.items())) + f" ({len(files)} files)")
+    print("lines: " + ", ".join(f"{k} {v}" for k, v in sorted(lines.items())) + f" ({len(files)} files)")
     print("longest functions: " + "; ".join(f"{name} {n}" for n, name in sorted(funcs, reverse=True)[:6]))
     print("horovod_ext imports asr:", any(t.startswith("asr") for s, ts in edges.items()
                                          if s.startswith("horovod_ext") for t in ts))

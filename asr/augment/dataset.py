@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 

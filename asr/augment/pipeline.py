@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -25,9 +24,9 @@ import torchaudio.functional as AF
 from scipy.fft import next_fast_len
 
 from ..frontend import mel_features, mel_filterbank
-from .config import AugmentConfig, SpecAugmentConfig
+from .config import AugmentConfig
 from .noise import BabbleSource, make_noise, mix_at_snr
-from .rooms import RIRPool, RoomEntry, RoomSpec
+from .rooms import RIRPool, RoomEntry
 from .specaugment import spec_augment
 from .vtlp import sample_warp
 

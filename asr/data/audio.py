@@ -6,14 +6,13 @@ Reading (with the checks that decide whether a file may enter a manifest) is the
 from __future__ import annotations
 
 import hashlib
-import os
-from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 import torch
 import torchaudio.functional as AF
 
+from ..atomic import atomic_path
 from ..frontend import SAMPLE_RATE
 
 
@@ -27,12 +26,9 @@ def to_mono_16k(data: np.ndarray, sr: int) -> np.ndarray:
 
 
 def write_flac(path, samples: np.ndarray) -> None:
-    """Write 16-bit 16 kHz mono FLAC atomically (tmp file, then os.replace); samples are clipped to [-1, 1]."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    sf.write(str(tmp), np.clip(samples, -1.0, 1.0), SAMPLE_RATE, format="FLAC", subtype="PCM_16")
-    os.replace(tmp, path)
+    """Write 16-bit 16 kHz mono FLAC atomically (asr.atomic); samples are clipped to [-1, 1]."""
+    with atomic_path(path) as tmp:
+        sf.write(str(tmp), np.clip(samples, -1.0, 1.0), SAMPLE_RATE, format="FLAC", subtype="PCM_16")
 
 
 def md5_file(path) -> str:

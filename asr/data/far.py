@@ -14,6 +14,7 @@ from pathlib import Path
 import soundfile as sf
 from tqdm import tqdm
 
+from ..atomic import atomic_path
 from .manifest import audio_path, read_manifest, write_jsonl
 
 FAR_SEED_OFFSET = 7919          # keeps the far-field rooms apart from the training pool of the same seed
@@ -38,9 +39,8 @@ def make_far(manifest, out_dir, seed: int = 0, pool_size: int = 32, name: str = 
         if not dest.exists():
             res = aug.augment(load_wave(audio_path(e, manifest)), e["id"], epoch=0, simulate=True, warp=1.0)
             wave = res.wave.clamp(-1.0, 1.0).numpy()
-            tmp = dest.with_name(dest.name + ".tmp.flac")
-            sf.write(tmp, wave, SAMPLE_RATE, subtype="PCM_16")
-            tmp.replace(dest)
+            with atomic_path(dest, suffix=".flac") as tmp:
+                sf.write(tmp, wave, SAMPLE_RATE, subtype="PCM_16")
         info = sf.info(dest)
         rows.append(dict(e, audio_filepath=str(dest.relative_to(out)), duration=round(info.frames / SAMPLE_RATE, 4),
                          md5=_md5(dest)))

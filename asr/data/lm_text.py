@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from . import DATA_DIR
+from ..atomic import atomic_write_text
 from .manifest import read_manifest
 from .synth import COMMAND_FRACTION
 from .text import CommandGrammar, generate_commands, load_sources, open_domain_pool
@@ -39,10 +40,7 @@ def build_lm_text(corpus_dir, out, extra: int = 60000, data_dir=DATA_DIR) -> dic
     opens = opens[:extra - n_cmd]
     lines = train_texts + cmds + opens
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(t + "\n" for t in lines), encoding="utf-8")
-    tmp.replace(out)
+    atomic_write_text(out, "".join(t + "\n" for t in lines))
     summary = {"sentences": len(lines), "train_transcripts": len(train_texts), "extra_commands": len(cmds),
                "extra_open_domain": len(opens), "excluded_held_out": len(held_out),
                "held_out_manifests": [p.name for p in held_out_files], "seed": seed}

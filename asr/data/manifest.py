@@ -8,9 +8,10 @@ Writes are atomic (a tmp file then ``os.replace``) so an interrupted run never l
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Iterable, Iterator
+
+from ..atomic import atomic_write_text
 
 REQUIRED = ("id", "audio_filepath", "duration", "text")
 _TYPES = {"id": str, "audio_filepath": str, "duration": (int, float), "text": str, "speaker": str, "md5": str}
@@ -59,20 +60,9 @@ def audio_path(entry: dict, manifest_path) -> Path:
     return Path(manifest_path).resolve().parent / entry["audio_filepath"]
 
 
-def _atomic_write_text(path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_jsonl(path, entries: Iterable[dict]) -> None:
     """Write objects one per line, atomically."""
-    _atomic_write_text(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in entries))
+    atomic_write_text(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in entries))
 
 
 write_manifest = write_jsonl
@@ -80,4 +70,4 @@ write_manifest = write_jsonl
 
 def write_json(path, obj) -> None:
     """Write one JSON document (indented, keys in insertion order), atomically."""
-    _atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import shutil
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import DATA_DIR
+from ..atomic import atomic_write_text
 from ..frontend import SAMPLE_RATE, AudioError, read_audio
 from .audio import md5_file, to_mono_16k, write_flac
 from .manifest import write_json, write_jsonl
@@ -162,10 +162,7 @@ def _synth_one(job: tuple[dict, str]) -> dict:
                     "detail": f"implausible output: {sr2} Hz, {check.shape[1]} channel(s), {dur:.2f} s, "
                               f"peak {peak:.4f}"}
         rec = {"spec": digest, "md5": md5_file(flac), "duration": round(dur, 4)}
-        done.parent.mkdir(parents=True, exist_ok=True)
-        tmp_rec = done.with_name(done.name + f".tmp{os.getpid()}")
-        tmp_rec.write_text(json.dumps(rec))
-        os.replace(tmp_rec, done)
+        atomic_write_text(done, json.dumps(rec))
         return {"ok": True, "skipped": False, **rec}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
