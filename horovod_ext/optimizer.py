@@ -84,7 +84,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._comm = Communicator(process_set, self._ledger.step)
         self._rounds = Rounds(Driver() if (overlap or pipeline) else None)
         self._codec_state: dict[str, dict] = {name: {} for name in self._names.values()}
-        self._group_of = {p: g for g in self.param_groups for p in g["params"]}
+        self._index_groups()
         self._delay = {p: backward_passes_per_step for p in self._names}
         self._requires_update = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         self._synchronized = False
@@ -101,6 +101,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
 
     # ------------------------------------------------------------------ set-up
+    def _index_groups(self) -> None:
+        """Each parameter's param-group dict, for the codec hooks (DEF reads its learning rate). torch's
+        ``load_state_dict`` replaces the dicts, so this runs again after it."""
+        self._group_of = {p: g for g in self.param_groups for p in g["params"]}
+
     def _check_names(self, named_parameters) -> dict:
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -447,9 +452,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         hx_state = state_dict.pop("horovod_ext", None)
         self._reset_rounds()
         super(self.__class__, self).load_state_dict(state_dict)
-        # torch's load_state_dict replaces the param-group dicts: codec hooks must read the new ones (the
-        # learning rate DEF perturbs with, above all).
-        self._group_of = {p: g for g in self.param_groups for p in g["params"]}
+        self._index_groups()
         if hx_state is not None:
             self._load_hx_state(hx_state)
 
