@@ -477,7 +477,6 @@ class Trainer:
         epoch_s = (train_s + eval_s) if self.elastic else time.time() - t0
         epoch_s = float(hvd.allreduce(torch.tensor(epoch_s, dtype=torch.float64), op=hvd.Max, name=f"epoch_s.{epoch}"))
         state.trained_s += epoch_s
-        state.epoch_s = epoch_s
         state.epochs_done = epoch + 1
         state.epoch, state.batch = epoch + 1, 0
         state.counts, state.train_s = (0.0,) * len(EPOCH_COUNTS), 0.0
@@ -515,7 +514,7 @@ def main(argv=None) -> int:
     # position (epoch, step, batches of the epoch consumed by all workers), the epoch's counts summed
     # over the workers at each commit, and the time figures of the budget.
     values = dict(epoch=start["epoch"], step=start["step"], batch=0, counts=(0.0,) * len(EPOCH_COUNTS),
-                  train_s=0.0, trained_s=start["trained_s"], epoch_s=0.0, epochs_done=start["epoch"],
+                  train_s=0.0, trained_s=start["trained_s"], epochs_done=start["epoch"],
                   fatal=start["fatal"])
     if elastic:
         state = hvd.elastic.TorchState(model=trainer.model, optimizer=trainer.opt, **values)
