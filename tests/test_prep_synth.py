@@ -11,8 +11,9 @@ import soundfile as sf
 from asr.data import DATA_DIR
 from asr.data.cli import main
 from asr.data.manifest import audio_path, read_manifest
-from asr.data.synth import SIZES, plan_corpus
-from asr.data.voices import ReservedVoiceError, Voice, load_voices, refuse_reserved
+from asr.data.synth import SIZES, plan_corpus, voice_schedule
+from asr.data.voices import (ReservedVoiceError, Voice, VoiceConfigError, espeak_variants, load_voices,
+                             refuse_reserved)
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("espeak-ng") and shutil.which("flite") and shutil.which("text2wave")
@@ -64,7 +65,7 @@ def test_splits_disjoint_by_voice_and_sentence(corpus):
     for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
         assert not speakers[a] & speakers[b], (a, b)
         assert not texts[a] & texts[b], (a, b)
-    assert speakers["dev"] == {"flite:slt", "espeak:en-us-nyc+f4"}
+    assert speakers["dev"] == {"flite:rms", "espeak:en-us-nyc+f4"}
     assert speakers["test"] == {"festival:cmu_us_slt_arctic_hts", "espeak:en-gb-x-gbcwmd+m6"}
 
 
@@ -135,11 +136,57 @@ def test_voice_list_rules():
     voices = load_voices()
     ids = {s: {v.id for v in vs} for s, vs in voices.items()}
     assert not ids["train"] & (ids["dev"] | ids["test"]) and not ids["dev"] & ids["test"]
-    assert {"flite:slt", "festival:cmu_us_slt_arctic_hts"} <= ids["dev"] | ids["test"]
-    assert {"flite:kal16", "flite:rms", "festival:kal_diphone", "festival:ked_diphone"} <= ids["train"]
-    assert {"festival:kal_diphone~f", "festival:ked_diphone~f", "flite:kal16~f"} <= ids["train"]
+    assert "festival:cmu_us_slt_arctic_hts" in ids["test"] and "flite:rms" in ids["dev"]
+    assert "flite:slt" not in ids["train"] | ids["dev"]        # the test voice's speaker, through flite
+    assert {"flite:kal16", "flite:kal", "festival:kal_diphone", "festival:ked_diphone"} <= ids["train"]
+    for base in ("flite:kal", "flite:kal16", "festival:kal_diphone", "festival:ked_diphone"):
+        assert {f"{base}~f", f"{base}~m"} <= ids["train"]     # derived voices over female and male ranges
     train_variants = {v.name.split("+")[1] for v in voices["train"] if "+" in v.name}
     assert not train_variants & {"f4", "m6"}
+    assert train_variants == set(espeak_variants()) - {"f4", "m6"}   # every other espeak-ng variant trains
+    speakers = {s: {v.speaker for v in vs} for s, vs in voices.items()}
+    assert not speakers["dev"] & speakers["test"]
+    weight = {e: sum(v.weight for v in voices["train"] if v.engine == e) for e in ("espeak", "flite", "festival")}
+    assert weight["espeak"] == pytest.approx(weight["flite"] + weight["festival"])  # half the audio each
+
+
+def _voices_yaml(tmp_path, train, dev, test):
+    (tmp_path / "voices.yaml").write_text(f"train:\n{train}dev:\n{dev}test:\n{test}")
+    return tmp_path
+
+
+def test_splits_sharing_a_speaker_are_refused(tmp_path):
+    """flite slt and the slt HTS voice are one recorded person: dev and test must not split them."""
+    d = _voices_yaml(tmp_path, "  - {engine: flite, name: kal16}\n", "  - {engine: flite, name: slt}\n",
+                     "  - {engine: festival, name: cmu_us_slt_arctic_hts}\n")
+    with pytest.raises(VoiceConfigError, match="same speaker \\(arctic-slt\\)"):
+        load_voices(d)
+    d = _voices_yaml(tmp_path, "  - {engine: festival, name: kal_diphone~f, f0: [180, 200], formant: [1.2, 1.2]}\n",
+                     "  - {engine: flite, name: kal16}\n", "  - {engine: flite, name: rms}\n")
+    with pytest.raises(VoiceConfigError, match="same speaker \\(kal\\)"):   # a derived voice keeps its speaker
+        load_voices(d)
+    d = _voices_yaml(tmp_path, "  - {engine: espeak, name: en-us+m3}\n", "  - {engine: espeak, name: en-gb+m3}\n",
+                     "  - {engine: flite, name: rms}\n")
+    with pytest.raises(VoiceConfigError, match="espeak:m3"):
+        load_voices(d)
+
+
+def test_voice_family_and_weighted_schedule(tmp_path):
+    d = _voices_yaml(tmp_path, "  - {engine: espeak, variants: all, accents: [en-us, en-gb], weight: 3}\n"
+                               "  - {engine: flite, name: kal16, weight: 3}\n",
+                     "  - {engine: espeak, name: en-us-nyc+f4}\n", "  - {engine: flite, name: rms}\n")
+    voices = load_voices(d)
+    family = [v for v in voices["train"] if v.engine == "espeak"]
+    assert {v.name for v in family} >= {"en-us", "en-gb"} and not any(v.name.endswith("+f4") for v in family)
+    assert sum(v.weight for v in family) == pytest.approx(3.0)
+    order = voice_schedule(voices["train"], 600)
+    assert sum(v.engine == "flite" for v in order) == 300           # the weights, exactly
+    assert max(sum(v.engine == "flite" for v in order[i:i + 10]) for i in range(590)) <= 6   # spread, not runs
+    plain = voice_schedule(voices["dev"] + voices["test"], 5)
+    assert [v.id for v in plain] == ["espeak:en-us-nyc+f4", "flite:rms"] * 2 + ["espeak:en-us-nyc+f4"]
+    with pytest.raises(VoiceConfigError, match="accents must be"):
+        load_voices(_voices_yaml(tmp_path, "  - {engine: espeak, variants: all}\n",
+                                 "  - {engine: flite, name: rms}\n", "  - {engine: flite, name: kal16}\n"))
 
 
 def test_full_plan_size_vocabulary_and_disjointness():

@@ -41,6 +41,24 @@ def test_tokenizer_trains_encodes_decodes_deterministically(tmp_path):
     assert sp.piece_size() == 40
 
 
+def test_tokenizer_on_a_text_file_equals_the_same_text_as_a_manifest(tmp_path, capfd):
+    """The recipe trains the pieces on the LM text (asr-prep lm-text's one sentence per line)."""
+    text_manifest(tmp_path / "train.jsonl")
+    lines = [json.loads(x)["text"] for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    (tmp_path / "text.txt").write_text("\n".join(lines) + "\n\n")
+    assert main(["tokenizer", "--text", str(tmp_path / "text.txt"), "--vocab-size", "40", "--out",
+                 str(tmp_path / "a")]) == 0
+    assert main(["tokenizer", "--manifest", str(tmp_path / "train.jsonl"), "--vocab-size", "40", "--out",
+                 str(tmp_path / "b")]) == 0
+    assert (tmp_path / "a" / "tokenizer.model").read_bytes() == (tmp_path / "b" / "tokenizer.model").read_bytes()
+    (tmp_path / "bad.txt").write_bytes(b"caf\xe9 au lait\n")
+    assert main(["tokenizer", "--text", str(tmp_path / "bad.txt"), "--vocab-size", "40", "--out",
+                 str(tmp_path / "c")]) == 2
+    assert "bad.txt: cannot read text (expected UTF-8" in capfd.readouterr().err
+    with pytest.raises(SystemExit):   # one source, not both
+        main(["tokenizer", "--text", "t.txt", "--manifest", "m.jsonl", "--vocab-size", "40", "--out", "x"])
+
+
 def test_tokenizer_too_large_vocabulary_is_a_clear_error(tmp_path, capfd):
     text_manifest(tmp_path / "train.jsonl", n=5)
     assert main(["tokenizer", "--manifest", str(tmp_path / "train.jsonl"), "--vocab-size", "5000",

@@ -31,7 +31,7 @@ def _import(a) -> int:
 
 def _tokenizer(a) -> int:
     from .tokenizer import train_tokenizer
-    train_tokenizer(a.manifest, a.vocab_size, a.out)
+    train_tokenizer(a.manifest, a.vocab_size, a.out, text=a.text)
     return 0
 
 
@@ -118,9 +118,13 @@ rest is imported. Exit 1 only if nothing usable remains, or with --strict if any
 
     s = sub.add_parser("tokenizer", help="train a sentencepiece unigram word-piece model",
                        description="Train a deterministic sentencepiece unigram model (character_coverage=1.0, one "
-                       "thread) on the transcripts of a manifest; writes OUT/tokenizer.model, OUT/tokenizer.vocab "
-                       "and the training text OUT/transcripts.txt.")
-    s.add_argument("--manifest", required=True, help="training manifest, e.g. DIR/train.jsonl")
+                       "thread) on the transcripts of a manifest, or on a text file of one sentence per line (the "
+                       "recipe uses the language model's text, DIR/lm/text.txt: the training transcripts plus more "
+                       "sentences from the same generators, never a dev or test sentence); writes "
+                       "OUT/tokenizer.model, OUT/tokenizer.vocab and the training text OUT/transcripts.txt.")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--manifest", help="training manifest, e.g. DIR/train.jsonl")
+    src.add_argument("--text", help="text file, one sentence per line, e.g. DIR/lm/text.txt (from asr-prep lm-text)")
     s.add_argument("--vocab-size", type=int, required=True, help="number of pieces (the paper uses about 10k)")
     s.add_argument("--out", required=True, help="output folder, e.g. DIR/tokenizer")
     s.set_defaults(func=_tokenizer)

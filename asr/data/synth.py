@@ -75,6 +75,21 @@ def split_counts(total: int) -> dict[str, int]:
     return {"train": train, "dev": dev, "test": test}
 
 
+def voice_schedule(voices: list[Voice], n: int) -> list[Voice]:
+    """``n`` voices in smooth weighted round-robin order: each voice's share follows its weight, spread evenly
+    over the split (with equal weights this is plain rotation through the list)."""
+    credit = [0.0] * len(voices)
+    total = sum(v.weight for v in voices)
+    out = []
+    for _ in range(n):
+        for k, v in enumerate(voices):
+            credit[k] += v.weight
+        k = max(range(len(voices)), key=lambda j: credit[j])   # ties: the earlier voice
+        credit[k] -= total
+        out.append(voices[k])
+    return out
+
+
 def plan_corpus(size: str, seed: int, limit: int | None = None, data_dir: Path = DATA_DIR):
     """Utterance specs for a corpus, plus what corpus.json should say about the inputs."""
     total = SIZES[size] if limit is None else min(limit, SIZES[size])
@@ -106,8 +121,9 @@ def plan_corpus(size: str, seed: int, limit: int | None = None, data_dir: Path =
         rng.shuffle(texts)
         vs = voices[split]
         offset = rng.randrange(len(vs))
+        order = voice_schedule(vs[offset:] + vs[:offset], len(texts))
         for i, (text, domain) in enumerate(texts):
-            v = vs[(i + offset) % len(vs)]
+            v = order[i]
             specs.append(UttSpec(f"{split}-{i:06d}", split, text, domain, v.engine, v.name, v.draw_params(rng)))
     specs.sort(key=lambda s: (SPLITS.index(s.split), s.id))
 

@@ -21,7 +21,8 @@ import yaml
 from . import DATA_DIR
 from .normalize import normalize
 
-MIN_WORDS, MAX_WORDS = 3, 20
+MIN_WORDS, MAX_WORDS = 3, 20      # commands
+OPEN_MAX_WORDS = 15               # open-domain sentences: spoken-length sentences, as an assistant hears them
 _SLOT = re.compile(r"\{([a-z_]+)\}")
 # Raw characters an open-domain sentence may contain; anything else (code, ASCII art, markup) drops the sentence.
 _RAW_OK = re.compile(r"^[A-Za-z0-9 .,;:!?'\"()\-$%&\u2018\u2019\u201c\u201d]+$")
@@ -155,10 +156,10 @@ class SourceText:
 
 
 def split_passage(passage: str) -> list[str]:
-    """Raw sentences of a passage: split at . ! ?, and at ; : where a sentence is longer than MAX_WORDS words."""
+    """Raw sentences of a passage: split at . ! ?, and at ; : where a sentence is longer than OPEN_MAX_WORDS."""
     out = []
     for sent in _SENTENCE_END.split(passage.strip()):
-        if len(sent.split()) > MAX_WORDS:
+        if len(sent.split()) > OPEN_MAX_WORDS:
             out.extend(_CLAUSE_END.split(sent))
         else:
             out.append(sent)
@@ -166,13 +167,13 @@ def split_passage(passage: str) -> list[str]:
 
 
 def clean_sentence(raw: str) -> str | None:
-    """Normalized sentence, or None when the raw text is not plain prose of MIN_WORDS..MAX_WORDS words."""
+    """Normalized sentence, or None when the raw text is not plain prose of MIN_WORDS..OPEN_MAX_WORDS words."""
     raw = raw.strip().strip("\"'()\u201c\u201d\u2018\u2019").strip()
     if not raw or not _RAW_OK.match(raw) or not raw[0].isalpha():
         return None
     s = normalize(raw)
     words = s.split()
-    if not MIN_WORDS <= len(words) <= MAX_WORDS:
+    if not MIN_WORDS <= len(words) <= OPEN_MAX_WORDS:
         return None
     if any(len(w) > 20 or (len(w) == 1 and w not in ("a", "i", "o")) for w in words):
         return None  # abbreviations split into letters, or a run-together token

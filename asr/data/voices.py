@@ -29,6 +29,10 @@ FESTIVAL_VOICE_DIRS = (Path("/usr/share/festival/voices"),)
 DEBIAN_PACKAGES = {"espeak": "espeak-ng", "flite": "flite",
                    "festival": "festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts"}
 TIMEOUT_S = 120
+#: The person behind each non-espeak voice (see Voice.speaker).
+RECORDED_SPEAKERS = {"flite:kal": "kal", "flite:kal16": "kal", "festival:kal_diphone": "kal",
+                     "festival:ked_diphone": "ked", "flite:rms": "arctic-rms", "flite:slt": "arctic-slt",
+                     "festival:cmu_us_slt_arctic_hts": "arctic-slt"}
 #: Voices whose F0 targets the synthesizer honours (diphone voices; flite's clustergen voices ignore them).
 F0_CAPABLE = {"flite": ("kal", "kal16"), "festival": ("kal_diphone", "ked_diphone")}
 
@@ -61,6 +65,7 @@ class Voice:
     stretch: tuple[float, float] | None = None  # flite/festival duration stretch range
     f0: tuple[float, float] | None = None       # derived voices: mean F0 in Hz after the formant shift
     formant: tuple[float, float] | None = None  # derived voices: formant (and F0) scale by resampling
+    weight: float = 1.0                          # share of its split's utterances, relative to the other voices
 
     def __post_init__(self):
         refuse_reserved(self.engine, self.name)
@@ -68,6 +73,8 @@ class Voice:
             raise VoiceConfigError(f"voice {self.id}: unknown engine {self.engine!r} (one of {', '.join(ENGINES)})")
         if (self.f0 or self.formant) and "~" not in self.name:
             raise VoiceConfigError(f"voice {self.id}: f0/formant make a derived voice; name it {self.name}~TAG")
+        if not self.weight > 0:
+            raise VoiceConfigError(f"voice {self.id}: weight must be > 0, got {self.weight!r}")
         if self.f0 and self.program_voice not in F0_CAPABLE.get(self.engine, ()):
             raise VoiceConfigError(f"voice {self.id}: f0 needs a voice that honours F0 targets "
                                    f"({', '.join(f'{e}:{n}' for e, ns in F0_CAPABLE.items() for n in ns)})")
@@ -80,6 +87,17 @@ class Voice:
     @property
     def id(self) -> str:
         return f"{self.engine}:{self.name}"
+
+    @property
+    def speaker(self) -> str:
+        """The recorded person (or espeak-ng variant) behind this voice: splits must not share one.
+
+        Diphone, clustergen and HTS voices built from one recording share it (flite kal/kal16 and festival
+        kal_diphone are all Kal; flite slt and festival's slt HTS voice are both CMU ARCTIC SLT); a derived voice
+        keeps its base voice's speaker; an espeak-ng voice is its variant (``+m3``; none: the accent's default)."""
+        if self.engine == "espeak":
+            return "espeak:" + (self.name.split("+", 1)[1] if "+" in self.name else "default")
+        return RECORDED_SPEAKERS.get(f"{self.engine}:{self.program_voice}", f"{self.engine}:{self.program_voice}")
 
     def draw_params(self, rng: random.Random) -> dict:
         """Seeded per-utterance prosody within this voice's ranges."""
@@ -177,8 +195,40 @@ def _range(spec: dict, key: str, where: str):
     return tuple(v)
 
 
+def espeak_variants() -> list[str]:
+    """Every installed espeak-ng voice variant (the ``NAME`` of ``-v en+NAME``), sorted."""
+    if shutil.which("espeak-ng") is None:
+        raise VoiceConfigError(f"espeak-ng not found; install Debian package(s): apt-get install -y "
+                               f"{DEBIAN_PACKAGES['espeak']}")
+    out = subprocess.run(["espeak-ng", "--voices=variant"], capture_output=True, text=True, timeout=30).stdout
+    names = sorted({tok.split("!v/", 1)[1] for line in out.splitlines() for tok in line.split()
+                    if tok.startswith("!v/")})
+    if not names:
+        raise VoiceConfigError("espeak-ng --voices=variant lists no variants; is espeak-ng-data installed?")
+    return names
+
+
+def _expand_family(spec: dict, where: str, held_out: set[str]) -> list[dict]:
+    """``{engine: espeak, variants: all, accents: [...], weight: W}``: one voice per installed variant (minus
+    ``exclude`` and the variants held out for dev/test), the accents assigned in turn, plus each accent's own
+    default voice; the family's weight is shared equally by its members."""
+    if spec.get("engine") != "espeak" or spec.get("variants") != "all":
+        raise VoiceConfigError(f"{where}: a voice family needs engine: espeak and variants: all")
+    accents = spec.get("accents")
+    if not isinstance(accents, list) or not accents or not all(isinstance(a, str) for a in accents):
+        raise VoiceConfigError(f"{where}: accents must be a non-empty list of espeak-ng languages, got {accents!r}")
+    exclude = set(spec.get("exclude") or ()) | held_out
+    variants = [v for v in espeak_variants() if v not in exclude]
+    names = list(accents) + [f"{accents[i % len(accents)]}+{v}" for i, v in enumerate(variants)]
+    weight = float(spec.get("weight", len(names))) / len(names)
+    keep = {k: spec[k] for k in ("pitch", "speed") if k in spec}
+    return [{"engine": "espeak", "name": n, "weight": weight, **keep} for n in names]
+
+
 def load_voices(data_dir: Path = DATA_DIR) -> dict[str, list[Voice]]:
-    """Voices per split from data/voices.yaml; checks that no voice is in two splits and none is reserved."""
+    """Voices per split from data/voices.yaml; checks that splits share no voice and no speaker
+    (:attr:`Voice.speaker`), and that none is reserved. Voice families (``variants: all``) are expanded
+    after dev and test are read, so a variant held out for them never trains."""
     path = Path(data_dir) / "voices.yaml"
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -186,29 +236,40 @@ def load_voices(data_dir: Path = DATA_DIR) -> dict[str, list[Voice]]:
         raise VoiceConfigError(f"{path}: cannot read voice list: {e}") from e
     out: dict[str, list[Voice]] = {}
     seen: dict[str, str] = {}
-    for split in SPLITS:
+    held_out: set[str] = set()
+    for split in ("dev", "test", "train"):
         specs = doc.get(split)
         if not isinstance(specs, list) or not specs:
             raise VoiceConfigError(f"{path}: split {split!r} needs a non-empty list of voices")
         out[split] = []
         for i, spec in enumerate(specs):
             where = f"{path}: {split}[{i}]"
-            if not isinstance(spec, dict) or "engine" not in spec or "name" not in spec:
-                raise VoiceConfigError(f"{where}: expected {{engine: ..., name: ...}}, got {spec!r}")
-            v = Voice(str(spec["engine"]), str(spec["name"]), split, _range(spec, "pitch", where),
-                      _range(spec, "speed", where), _range(spec, "stretch", where), _range(spec, "f0", where),
-                      _range(spec, "formant", where))
-            if v.id in seen:
-                raise VoiceConfigError(f"{where}: voice {v.id} is already in split {seen[v.id]!r}; "
-                                       "splits must be disjoint by voice")
-            seen[v.id] = split
-            out[split].append(v)
-    held_out = {v.name.split("+", 1)[1] for s in ("dev", "test") for v in out[s] if v.engine == "espeak"
-                and "+" in v.name}
-    for v in out["train"]:
-        if v.engine == "espeak" and "+" in v.name and v.name.split("+", 1)[1] in held_out:
-            raise VoiceConfigError(f"{path}: train voice {v.id} uses an espeak-ng variant held out for dev/test")
-    return out
+            if not isinstance(spec, dict) or "engine" not in spec or ("name" not in spec and "variants" not in spec):
+                raise VoiceConfigError(f"{where}: expected {{engine: ..., name: ...}} or a family "
+                                       f"{{engine: espeak, variants: all, accents: [...]}}, got {spec!r}")
+            members = _expand_family(spec, where, held_out) if "variants" in spec else [spec]
+            for m in members:
+                try:
+                    weight = float(m.get("weight", 1.0))
+                except (TypeError, ValueError):
+                    raise VoiceConfigError(f"{where}: weight must be a number, got {m.get('weight')!r}") from None
+                v = Voice(str(m["engine"]), str(m["name"]), split, _range(m, "pitch", where),
+                          _range(m, "speed", where), _range(m, "stretch", where), _range(m, "f0", where),
+                          _range(m, "formant", where), weight)
+                if v.id in seen:
+                    raise VoiceConfigError(f"{where}: voice {v.id} is already in split {seen[v.id]!r}; "
+                                           "splits must be disjoint by voice")
+                seen[v.id] = split
+                out[split].append(v)
+        if split != "train":
+            held_out |= {v.name.split("+", 1)[1] for v in out[split] if v.engine == "espeak" and "+" in v.name}
+    speakers = {s: {v.speaker: v.id for v in out[s] if not (v.engine == "espeak" and "+" not in v.name)}
+                for s in SPLITS}
+    for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
+        for spk in speakers[a].keys() & speakers[b].keys():
+            raise VoiceConfigError(f"{path}: {a} voice {speakers[a][spk]} and {b} voice {speakers[b][spk]} are the "
+                                   f"same speaker ({spk}); splits must be disjoint by speaker")
+    return {s: out[s] for s in SPLITS}
 
 
 def tool_versions() -> dict[str, str]:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # BFA recipe: numbered stages as in ESPnet/WeNet.
 #   0 prep       synthesize the offline corpus (asr-prep synth) and its far-field test set
-#   1 tokenizer  sentencepiece word pieces, feature statistics (asr-prep tokenizer, stats) and the word-piece
-#                LSTM language model on text only (asr-prep lm-text, asr-lm; no dev/test sentence)
+#   1 tokenizer  the language model's text (asr-prep lm-text: training transcripts plus generator sentences, no
+#                dev/test sentence), sentencepiece word pieces trained on it, feature statistics (asr-prep
+#                tokenizer, stats) and the word-piece LSTM language model (asr-lm)
 #   2 train      horovodrun training through horovod_ext (compression and pipelining from the config)
 #   3 eval       WER of every epoch's checkpoint on the clean and far-field test sets (asr-eval --run-dir),
 #                attention decoder and CTC best path; then the last checkpoint with CTC prefix beam search,
@@ -72,11 +73,11 @@ if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
 fi
 
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
-  log "stage 1: tokenizer ($vocab pieces) and feature statistics"
-  asr-prep tokenizer --manifest "$corpus/train.jsonl" --vocab-size "$vocab" --out "$corpus/tokenizer"
-  asr-prep stats --manifest "$corpus/train.jsonl" --out "$corpus/stats"
-  log "stage 1: language model text ($lm_extra sentences beyond the transcripts) and the LSTM LM (<= $lm_minutes min)"
+  log "stage 1: language model text ($lm_extra sentences beyond the transcripts), tokenizer ($vocab pieces) on it, feature statistics"
   asr-prep lm-text --corpus "$corpus" --out "$corpus/lm/text.txt" --extra "$lm_extra"
+  asr-prep tokenizer --text "$corpus/lm/text.txt" --vocab-size "$vocab" --out "$corpus/tokenizer"
+  asr-prep stats --manifest "$corpus/train.jsonl" --out "$corpus/stats"
+  log "stage 1: the word-piece LSTM LM (<= $lm_minutes min)"
   rm -f "$corpus/lm/lm_log.jsonl"
   asr-lm --text "$corpus/lm/text.txt" --tokenizer "$corpus/tokenizer/tokenizer.model" --out "$corpus/lm" \
     --max-minutes "$lm_minutes"
