@@ -34,6 +34,7 @@ class DataConfig:
     max_duration: float = 20.0          # longer training utterances are skipped (logged)
     cmvn: str = "global"                # feature normalization: "global" (corpus statistics) or "utterance"
     dev_subset: int = 200               # dev utterances decoded for the per-epoch WER (0: all)
+    feature_cache: str = "auto"         # clean spectrograms kept on disk (asr.frontend.cache): auto | off | FOLDER
 
 
 @dataclass
@@ -53,6 +54,7 @@ class TrainConfig:
     batch_seconds: float = 60.0         # audio per batch per worker (length-bucketed)
     max_batch: int = 64                 # utterances per batch at most
     match_lengths: bool = True          # the workers' batches of a step are neighbours in length (no long waits)
+    short_first_epochs: int = 0         # curriculum: the first N epochs go from short utterances to long
     lr: float = 1e-3                    # per worker; the peak learning rate is lr * world size
     warmup_steps: int = 200
     schedule: str = "epoch"             # epoch: lr x decay per epoch; cosine | linear: to final_lr at the budget's end
@@ -70,6 +72,8 @@ class TrainConfig:
     loader_workers: int = 1             # DataLoader worker processes per trainer (augmentation runs there)
     threads: int = 1                    # torch threads per trainer
     log_every: int = 10
+    dev_every: int = 1                  # dev WER after every N-th epoch (and after the last one)
+    dev_attention: bool = False         # the dev pass also decodes greedily with the attention decoder (slower)
     keep_epochs: int = 0                # epoch checkpoints to keep (0: all); last.pt is always kept
     out_dir: str = "exp/run"
     elastic: bool = False               # hvd.elastic.run (also on when horovodrun sets HOROVOD_ELASTIC=1)
@@ -80,6 +84,7 @@ class TrainConfig:
 @dataclass
 class DecodeConfig:
     """Decoding: the per-epoch dev pass and asr-eval's defaults (its flags override them)."""
+    method: str = "joint"               # asr-eval's method without --method (asr.decode.METHODS): the best measured
     beam: int = 1                       # attention: 1 = greedy, else beam search
     ctc_weight: float = 0.0             # attention beam search: CTC rescoring weight
     batch_seconds: float = 120.0        # audio per decoding batch
@@ -89,6 +94,25 @@ class DecodeConfig:
     lm_weight: float = 0.5              # LM shallow-fusion weight (with --lm)
     length_bonus: float = 3.0           # score per piece, against the LM's pull to short hypotheses (with --lm; 0 without)
     att_weight: float = 0.5             # attention weight when rescoring the n-best (0: CTC and LM only)
+    # asr-eval --method joint (joint CTC/attention beam search, asr.decode.joint_search). Defaults from grids on
+    # 100 dev utterances (never test) of exp/demo, the finalists checked on all 250: CTC weight 0.2-0.7 x bonus
+    # 0/0.5/1; with the LM, CTC weight 0.3-0.8 x LM weight 0.1-0.5 x bonus 0.5-4. Beam 8 beat 4 by 2 points.
+    joint_beam: int = 8                 # beam width
+    joint_ctc_weight: float = 0.5       # CTC prefix score's weight against the attention decoder's (without --lm)
+    joint_ctc_weight_lm: float = 0.7    # the same with --lm (CTC carries more of the search once an LM helps)
+    joint_lm_weight: float = 0.2        # LM shallow-fusion weight (with --lm)
+    joint_length_bonus: float = 3.0     # score per piece (with --lm; 0 without)
+    max_ratio: float = 1.0              # joint: at most this many pieces per encoder frame
+
+    def __post_init__(self):
+        from .decode import METHODS
+        if self.method not in METHODS:
+            raise ConfigError(f"decode.method: expected one of {', '.join(METHODS)}, got {self.method!r}")
+        for name in ("joint_ctc_weight", "joint_ctc_weight_lm"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"decode.{name}: expected a weight in [0, 1], got {getattr(self, name)}")
+        if self.max_ratio <= 0:
+            raise ConfigError(f"decode.max_ratio: expected a positive number, got {self.max_ratio}")
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""Decoding for the BFA model: batched greedy search, beam search (optional CTC rescoring), CTC best path, and
-CTC prefix beam search with LM shallow fusion and attention rescoring."""
+"""Decoding for the BFA model: batched greedy search, beam search (optional CTC rescoring), CTC best path,
+CTC prefix beam search with LM shallow fusion and attention rescoring, and joint CTC/attention beam search
+(CTC prefix scores inside the search, optional LM fusion; it cannot loop)."""
 from __future__ import annotations
 
 import math
@@ -254,13 +255,164 @@ def ctc_prefix_beam_search(model: BFA, feats, feat_lengths, beam: int = 8, lm=No
     return results
 
 
-METHODS = ("attention", "ctc", "ctc_beam")
+LOGZERO = -1e10      # log 0 in the CTC prefix scorer: finite, so differences of impossible scores are not NaN
+
+
+class CTCPrefixScorer:
+    """Incremental CTC prefix scores of one utterance (Watanabe et al. 2017, "Hybrid CTC/attention"; ESPnet's
+    CTCPrefixScore), for a beam of equal-length prefixes each extended by its own candidate tokens at once.
+
+    A prefix g carries its forward variables r[t] = (log r^n_t(g), log r^b_t(g)): the probability that frames
+    1..t emitted exactly g, the last frame being g's last piece (n) or blank (b). Extending g by c costs one
+    pass over the frames, so a hypothesis of L pieces costs L passes, however many candidates each has.
+    The prefix score psi(g + c) sums every label sequence that starts with g + c; it never grows as a prefix
+    gets longer. The candidate ``blank`` stands for end of sentence (in BFA, eos = blank = V) and scores the
+    full sequence, log P_ctc(g | x). Works in ``logp``'s dtype."""
+
+    def __init__(self, logp: torch.Tensor, blank: int):
+        if logp.dim() != 2:
+            raise ValueError(f"CTCPrefixScorer: expected log-probabilities [T, V+1], got shape {tuple(logp.shape)}")
+        self.x, self.blank, self.T = logp, blank, logp.shape[0]
+
+    def initial_state(self) -> torch.Tensor:
+        """r [T, 2, 1] of the empty prefix: only blanks so far."""
+        r = torch.full((self.T, 2, 1), LOGZERO, dtype=self.x.dtype, device=self.x.device)
+        r[:, 1, 0] = torch.cumsum(self.x[:, self.blank], dim=0)
+        return r
+
+    def score(self, r_prev: torch.Tensor, last: torch.Tensor, length: int, cands: torch.Tensor):
+        """Prefix scores of every (prefix k, candidate cands[k, j]).
+
+        r_prev [T, 2, K]: the K prefixes' forward variables; last [K]: their last piece (-1 for the empty
+        prefix); length: their common length; cands [K, C]. Returns psi [K, C] (log-probabilities, not
+        differences) and the extended prefixes' r [T, 2, K, C]."""
+        x, T, blank = self.x, self.T, self.blank
+        K, C = cands.shape
+        xs = x[:, cands.reshape(-1)].view(T, K, C)
+        r = torch.full((T, 2, K, C), LOGZERO, dtype=x.dtype, device=x.device)
+        if length == 0:
+            r[0, 0] = xs[0]
+        r_sum = torch.logaddexp(r_prev[:, 0], r_prev[:, 1])                      # [T, K]: g emitted by frame t
+        # phi[t]: g complete at frame t and ready for c; after g's own last piece c needs a blank in between.
+        phi = torch.where(cands == last[:, None], r_prev[:, 1, :, None], r_sum[:, :, None])
+        start = max(length, 1)                       # c cannot be emitted before frame `length` (0-based)
+        xb = x[:, blank, None, None]
+        for t in range(start, T):
+            r[t, 0] = torch.logaddexp(r[t - 1, 0], phi[t - 1]) + xs[t]
+            r[t, 1] = torch.logaddexp(r[t - 1, 0], r[t - 1, 1]) + xb[t]
+        first = r[min(start, T) - 1, 0]
+        psi = torch.logsumexp(torch.cat([first[None], phi[start - 1:T - 1] + xs[start:T]]), dim=0)
+        psi = torch.where(cands == blank, r_sum[-1][:, None], psi)
+        return psi, r
+
+
+@torch.no_grad()
+def joint_search(model: BFA, enc: torch.Tensor, enc_length: int, beam: int = 8, ctc_weight: float = 0.3, lm=None,
+                 lm_weight: float = 0.0, length_bonus: float = 0.0, max_ratio: float = 1.0,
+                 pre_beam: int = 0) -> list[tuple[list[int], float]]:
+    """Joint CTC/attention beam search over one utterance's encoding ``enc`` [1, >=T, D].
+
+    Each hypothesis scores (1 - ctc_weight) * log P_att + ctc_weight * log psi_ctc + lm_weight * log P_lm
+    + length_bonus * |pieces|, the CTC prefix score kept incrementally (:class:`CTCPrefixScorer`). Only the
+    ``pre_beam`` (default 1.5 x beam) best pieces by attention (+ LM) per hypothesis are CTC-scored, plus eos,
+    so CTC can end what the decoder would continue. It cannot loop: at most ``max_ratio`` x T pieces (T
+    encoder frames; eos is forced at the last step), and with ctc_weight > 0 CTC gives no prefix longer than
+    what the frames can emit any probability. Returns the finished hypotheses, best first, as (pieces, score)."""
+    if not 0.0 <= ctc_weight <= 1.0:
+        raise ValueError(f"ctc_weight must be in [0, 1], got {ctc_weight}")
+    if beam < 1:
+        raise ValueError(f"beam must be >= 1, got {beam}")
+    if ctc_weight > 0 and model.ctc_head is None:
+        raise ValueError("joint decoding with ctc_weight > 0 needs a model trained with a CTC head (model.ctc_weight > 0)")
+    use_lm = lm is not None and lm_weight != 0
+    if use_lm and lm.config.vocab_size != model.config.vocab_size:
+        raise ValueError(f"the LM has {lm.config.vocab_size} pieces, the acoustic model {model.config.vocab_size}: "
+                         "they were trained with different tokenizers")
+    eos, V1 = model.config.eos, model.config.vocab_size + 1
+    T = int(enc_length)
+    enc = enc[:1, :T]
+    max_len = max(1, int(T * max_ratio))
+    att_w = 1.0 - ctc_weight
+    dev = enc.device
+    state = model.decoder.init_state(enc, torch.tensor([T], device=dev))
+    if ctc_weight > 0:
+        ctc = CTCPrefixScorer(F.log_softmax(model.ctc_head(enc[0]), dim=-1), eos)
+        r, psi = ctc.initial_state(), enc.new_zeros(1)
+    lm_dev = next(lm.parameters()).device if use_lm else None
+    lm_logp, lm_state = lm.step(torch.tensor([eos], device=lm_dev)) if use_lm else (None, None)
+    pre_beam = min(pre_beam or max(beam + 1, int(1.5 * beam)), V1 - 1)
+    full_vocab = att_w == 0 and not use_lm            # nothing to pre-prune by: CTC scores every piece
+    hyps: list[list[int]] = [[]]
+    scores = torch.zeros(1, device=dev)
+    finished: list[tuple[list[int], float]] = []
+    for i in range(max_len):
+        K = len(hyps)
+        logits, new_state = model.decoder.step(state, torch.tensor([h[-1] if h else eos for h in hyps], device=dev))
+        step = att_w * F.log_softmax(logits, dim=-1) if att_w > 0 else logits.new_zeros(K, V1)
+        if use_lm:
+            step = step + lm_weight * lm_logp.to(dev)
+        if i == max_len - 1:                          # the output bound: every open hypothesis ends here
+            cands = torch.full((K, 1), eos, dtype=torch.long, device=dev)
+        elif full_vocab:
+            cands = torch.arange(V1, device=dev).expand(K, V1)
+        else:
+            pieces = torch.topk(step.index_fill(1, torch.tensor([eos], device=dev), -math.inf), pre_beam, dim=-1).indices
+            cands = torch.cat([pieces, torch.full((K, 1), eos, device=dev)], dim=1)
+        total = scores[:, None] + step.gather(1, cands) + length_bonus * (cands != eos)
+        if ctc_weight > 0:
+            last = torch.tensor([h[-1] if h else -1 for h in hyps], device=dev)
+            psi_c, r_c = ctc.score(r, last, i, cands)
+            total = total + ctc_weight * (psi_c - psi[:, None])
+        C = cands.shape[1]
+        best = torch.topk(total.flatten(), min(beam + K, K * C))     # enough for `beam` open ones (K end)
+        ends = (cands == eos).flatten().tolist()
+        keep_k, keep_j, best_open = [], [], None
+        for s, f in zip(best.values.tolist(), best.indices.tolist()):
+            k, j = divmod(f, C)
+            if ends[f]:
+                finished.append((hyps[k], s))
+                continue
+            keep_k.append(k)
+            keep_j.append(j)
+            best_open = s if best_open is None else best_open
+            if len(keep_k) == beam:
+                break
+        if not keep_k or len(finished) >= beam:
+            break
+        # Every later step adds at most length_bonus (log-probabilities and CTC prefix scores only fall),
+        # so no open hypothesis can still beat the best finished one: stop.
+        if finished and max(s for _, s in finished) >= best_open + max(length_bonus, 0.0) * (max_len - i - 1):
+            break
+        ki, ji = torch.tensor(keep_k, device=dev), torch.tensor(keep_j, device=dev)
+        new_toks = cands[ki, ji]
+        hyps = [hyps[k] + [int(t)] for k, t in zip(keep_k, new_toks)]
+        scores = total[ki, ji]
+        state = _select(new_state, ki)
+        if ctc_weight > 0:
+            r, psi = r_c[:, :, ki, ji], psi_c[ki, ji]
+        if use_lm:
+            lk = ki.to(lm_dev)
+            lm_logp, lm_state = lm.step(new_toks.to(lm_dev), (lm_state[0][:, lk], lm_state[1][:, lk]))
+    return sorted(finished, key=lambda x: -x[1])
+
+
+@torch.no_grad()
+def joint_beam_search(model: BFA, feats, feat_lengths, beam: int = 8, ctc_weight: float = 0.3, lm=None,
+                      lm_weight: float = 0.0, length_bonus: float = 0.0, max_ratio: float = 1.0,
+                      encoded=None) -> list[list[int]]:
+    """:func:`joint_search` for every utterance of a batch (encoded together, searched one by one)."""
+    enc_all, enc_lengths = encoded if encoded is not None else model.encode(feats, feat_lengths)
+    return [joint_search(model, enc_all[b:b + 1], int(enc_lengths[b]), beam, ctc_weight, lm, lm_weight,
+                         length_bonus, max_ratio)[0][0] for b in range(enc_all.shape[0])]
+
+
+METHODS = ("attention", "ctc", "ctc_beam", "joint")
 
 
 @torch.no_grad()
 def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: int = 1, ctc_weight: float = 0.0,
                     lm=None, lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0,
-                    batch_seconds: float = 120.0, shard: tuple[int, int] = (0, 1), progress: str = "",
+                    max_ratio: float = 1.0, batch_seconds: float = 120.0, shard: tuple[int, int] = (0, 1), progress: str = "",
                     device=None) -> dict[str, list[dict]]:
     """Decode every utterance of ``dataset`` (this worker's ``shard`` = (rank, size) of its length-sorted
     batches) with each of ``methods``; return per method the rows ``{"id", "ref", "hyp"}``.
@@ -270,14 +422,16 @@ def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: i
     ``SkippedItem``; ``durations``, ``entries``). Each batch is encoded once for every method.
     ``attention`` is greedy (``beam`` 1) or beam search (optional CTC rescoring); ``ctc`` is the CTC
     best path; ``ctc_beam`` the CTC prefix beam search with optional LM fusion and attention
-    rescoring. An utterance whose audio could not be read gets an empty hypothesis (all its words are
+    rescoring; ``joint`` the joint CTC/attention beam search (``ctc_weight`` is then CTC's weight in the
+    search, ``lm``/``lm_weight``/``length_bonus`` as for ``ctc_beam``; at most ``max_ratio`` x encoder
+    frames pieces). An utterance whose audio could not be read gets an empty hypothesis (all its words are
     errors) and a ``skipped`` reason."""
     from tqdm import tqdm
     from .loader import collate, eval_batches
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown decoding method(s) {unknown}; expected {METHODS}")
-    if model.ctc_head is None and {"ctc", "ctc_beam"} & set(methods):
+    if model.ctc_head is None and ({"ctc", "ctc_beam"} & set(methods) or "joint" in methods and ctc_weight > 0):
         raise ValueError("CTC decoding needs a model trained with a CTC head (model.ctc_weight > 0)")
     device = device if device is not None else next(model.parameters()).device
     one_by_one = "attention" in methods and beam > 1           # beam search decodes one utterance at a time
@@ -299,6 +453,9 @@ def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: i
         for m in methods:
             if m == "ctc":
                 hyps = ctc_greedy(model, feats, flen, encoded=encoded)
+            elif m == "joint":
+                hyps = joint_beam_search(model, feats, flen, beam=beam, ctc_weight=ctc_weight, lm=lm, lm_weight=lm_weight,
+                                         length_bonus=length_bonus, max_ratio=max_ratio, encoded=encoded)
             elif m == "ctc_beam":
                 hyps = ctc_prefix_beam_search(model, feats, flen, beam=beam, lm=lm, lm_weight=lm_weight,
                                               length_bonus=length_bonus, att_weight=att_weight, encoded=encoded)

@@ -4,10 +4,14 @@
     asr-eval --run-dir exp/run --manifest exp/corpus/test.jsonl --manifest exp/corpus/test_far.jsonl
     asr-eval --run-dir exp/run --manifest exp/corpus/test.jsonl --watch    # while training runs
 
-With --checkpoint it decodes one checkpoint and prints WER and SER (and writes every hypothesis with
---json). With --run-dir it evaluates each epoch's checkpoint (``checkpoints/epochNNN.pt``) on every
-manifest, caching results in RUN/eval/, and writes RUN/wer_per_epoch.json and RUN/wer_per_epoch.png;
-with --watch it keeps going as new checkpoints appear until training writes RUN/DONE.
+With --checkpoint it decodes one checkpoint and prints WER and SER, overall, per speaker and per text domain
+(and writes every hypothesis with --json). With --run-dir it evaluates each epoch's checkpoint
+(``checkpoints/epochNNN.pt``) on every manifest, caching results in RUN/eval/, and writes RUN/wer_per_epoch.json
+and RUN/wer_per_epoch.png; with --watch it keeps going as new checkpoints appear until training writes RUN/DONE.
+
+Without --method it decodes with the checkpoint's decode.method (asr.config.DecodeConfig: joint CTC/attention
+beam search, the best measured; attention for a model without a CTC head); --run-dir then also runs the two
+cheap greedy decoders (attention, CTC best path) as reference curves.
 """
 from __future__ import annotations
 
@@ -31,22 +35,30 @@ def parse_args(argv=None):
     src.add_argument("--run-dir", help="a training run folder: evaluate every epoch's checkpoint")
     p.add_argument("--manifest", action="append", required=True, help="JSONL manifest (repeatable)")
     p.add_argument("--json", help="--checkpoint: write WER, SER and every hypothesis here")
-    p.add_argument("--method", choices=METHODS, default="attention",
-                   help="attention: the decoder (greedy or beam, optional CTC rescoring); ctc: best path of the CTC head "
-                        "(no decoder); ctc_beam: CTC prefix beam search with optional LM fusion (--lm), the n-best "
-                        "rescored by the attention decoder (--att-weight). Per-epoch results of each method are "
-                        "kept apart (NAME, NAME.ctc, NAME.ctc_beam, NAME.ctc_beam_lm)")
+    p.add_argument("--method", choices=METHODS, default=None,
+                   help="joint: joint CTC/attention beam search with CTC prefix scores inside the search (--ctc-weight; "
+                        "optional LM fusion, --lm); attention: the decoder alone (greedy or beam, optional CTC "
+                        "rescoring); ctc: best path of the CTC head (no decoder); ctc_beam: CTC prefix beam search with "
+                        "optional LM fusion (--lm), the n-best rescored by the attention decoder (--att-weight). "
+                        "Default: the checkpoint's decode.method (joint; attention without a CTC head). Per-epoch "
+                        "results of each method are kept apart (NAME, NAME.ctc, NAME.joint, NAME.joint_lm, ...)")
     # Every decoding default is the checkpoint's config decode section (asr.config.DecodeConfig).
-    p.add_argument("--beam", type=int, help="beam size (default: decode.beam, 1 = greedy; ctc_beam: decode.prefix_beam)")
-    p.add_argument("--ctc-weight", type=float, help="CTC rescoring weight (default: the config's decode.ctc_weight)")
-    p.add_argument("--lm", help="ctc_beam: language model from asr-lm (OUT/lm.pt) for shallow fusion")
-    p.add_argument("--lm-weight", type=float, help="ctc_beam: LM weight (default: decode.lm_weight, 0.5)")
+    p.add_argument("--beam", type=int, help="beam size (default: decode.beam, 1 = greedy; ctc_beam: decode.prefix_beam; "
+                                            "joint: decode.joint_beam)")
+    p.add_argument("--ctc-weight", type=float,
+                   help="attention: CTC rescoring weight (default: decode.ctc_weight); joint: CTC's weight in the search, "
+                        "0 = attention only, 1 = CTC only (default: decode.joint_ctc_weight, with --lm "
+                        "decode.joint_ctc_weight_lm)")
+    p.add_argument("--lm", help="ctc_beam, joint: language model from asr-lm (OUT/lm.pt) for shallow fusion")
+    p.add_argument("--lm-weight", type=float, help="LM weight (default: decode.lm_weight; joint: decode.joint_lm_weight)")
     p.add_argument("--length-bonus", type=float,
-                   help="ctc_beam: score added per piece, against the LM's pull towards short hypotheses "
-                        "(default: decode.length_bonus, 3.0, with --lm; 0 without)")
+                   help="score added per piece, against the LM's pull towards short hypotheses (default with --lm: "
+                        "decode.length_bonus, joint: decode.joint_length_bonus; 0 without)")
     p.add_argument("--att-weight", type=float,
                    help="ctc_beam: attention weight when rescoring the n-best (0: CTC and LM only; default: "
-                        "decode.att_weight, 0.5)")
+                        "decode.att_weight)")
+    p.add_argument("--max-ratio", type=float,
+                   help="joint: at most this many pieces per encoder frame (default: decode.max_ratio, 1.0)")
     p.add_argument("--limit", type=int, default=0, help="decode only the first N utterances of each manifest")
     p.add_argument("--watch", action="store_true", help="--run-dir: wait for new checkpoints until RUN/DONE")
     p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="torch threads")
@@ -81,8 +93,9 @@ def load_checkpoint(path):
 
 def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0, limit: int = 0,
              batch_seconds: float = 120.0, desc: str = "", method: str = "attention", lm=None,
-             lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0) -> dict:
-    """Decode a manifest; return WER, SER and every (id, ref, hyp).
+             lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0, max_ratio: float = 1.0) -> dict:
+    """Decode a manifest; return WER, SER (overall, ``per_speaker`` and, when the manifest's entries carry a
+    ``domain``, ``per_domain``), the decoding time and every (id, ref, hyp).
 
     An utterance whose audio cannot be read (see asr.loader.SkippedItem) is counted as an error: its row has an
     empty hypothesis and a ``skipped`` reason, so WER and SER keep the manifest's full denominator; the result
@@ -93,45 +106,85 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     ds = SpeechDataset(manifest, tok, norm)
     if limit:
         ds.entries = ds.entries[:limit]
+    needs_ctc = method in ("ctc", "ctc_beam") or method == "joint" and ctc_weight > 0
+    if needs_ctc and model.ctc_head is None:
+        hint = " (or --ctc-weight 0: attention only)" if method == "joint" else ""
+        raise SystemExit(f"asr-eval: --method {method} needs a model trained with a CTC head (model.ctc_weight > 0){hint}")
     if method in ("ctc", "ctc_beam"):
-        if model.ctc_head is None:
-            raise SystemExit(f"asr-eval: --method {method} needs a model trained with a CTC head (model.ctc_weight > 0)")
         beam, ctc_weight = (1 if method == "ctc" else beam), 0.0
+    t0 = time.perf_counter()
     rows = decode_manifest(model, tok, ds, (method,), beam=beam, ctc_weight=ctc_weight, lm=lm, lm_weight=lm_weight,
-                           length_bonus=length_bonus, att_weight=att_weight, batch_seconds=batch_seconds,
-                           progress=desc or Path(manifest).name)[method]
+                           length_bonus=length_bonus, att_weight=att_weight, max_ratio=max_ratio,
+                           batch_seconds=batch_seconds, progress=desc or Path(manifest).name)[method]
+    seconds = time.perf_counter() - t0
     skipped = [(r["id"], r["skipped"]) for r in rows if "skipped" in r]
-    speaker = {e["id"]: e.get("speaker", "unknown") for e in ds.entries}
     counts = utterance_errors([r["ref"] for r in rows], [r["hyp"] for r in rows])
-    total, by_speaker = ErrorCounts(), {}
+    total = sum(counts, ErrorCounts())
+    res = {"manifest": str(manifest), "utterances": len(rows), "wer": total.wer, "ser": total.ser,
+           "skipped_utterances": len(skipped), "skipped": [{"id": i, "reason": why} for i, why in skipped],
+           "substitutions": total.substitutions, "deletions": total.deletions, "insertions": total.insertions,
+           "ref_words": total.ref_words,
+           "per_speaker": _breakdown(ds.entries, rows, counts, "speaker")}
+    if any("domain" in e for e in ds.entries):          # older manifests have no domain: no breakdown
+        res["per_domain"] = _breakdown(ds.entries, rows, counts, "domain")
+    return {**res, "method": method, "beam": beam, "ctc_weight": ctc_weight, "lm_weight": lm_weight if lm else 0.0,
+            "length_bonus": length_bonus, "att_weight": att_weight, "max_ratio": max_ratio,
+            "decode_seconds": round(seconds, 3), "seconds_per_utterance": round(seconds / max(len(rows), 1), 5),
+            "hypotheses": rows}
+
+
+def _breakdown(entries, rows, counts, key: str) -> dict:
+    """WER and SER per value of a manifest field (entries without it: "unknown"), from the rows' error counts."""
+    from .metrics import ErrorCounts
+    value_of = {e["id"]: str(e.get(key, "unknown")) for e in entries}
+    groups: dict = {}
     for r, c in zip(rows, counts):
-        total += c
-        spk = speaker.get(r["id"], "unknown")
-        by_speaker[spk] = by_speaker.get(spk, ErrorCounts()) + c
-    return {"manifest": str(manifest), "utterances": len(rows), "wer": total.wer, "ser": total.ser,
-            "skipped_utterances": len(skipped), "skipped": [{"id": i, "reason": why} for i, why in skipped],
-            "substitutions": total.substitutions, "deletions": total.deletions, "insertions": total.insertions,
-            "ref_words": total.ref_words,
-            "per_speaker": {s: {"utterances": c.sentences, "wer": c.wer, "ser": c.ser}
-                            for s, c in sorted(by_speaker.items())},
-            "method": method, "beam": beam, "ctc_weight": ctc_weight, "lm_weight": lm_weight if lm else 0.0,
-            "length_bonus": length_bonus, "att_weight": att_weight, "hypotheses": rows}
+        value = value_of.get(r["id"], "unknown")
+        groups[value] = groups.get(value, ErrorCounts()) + c
+    return {v: {"utterances": c.sentences, "ref_words": c.ref_words, "wer": c.wer, "ser": c.ser}
+            for v, c in sorted(groups.items())}
 
 
-def _decode_opts(args, ckpt, lm=None) -> dict:
-    """evaluate()'s decoding keywords: the command line first, then the checkpoint's decode config (whose
-    defaults are asr.config.DecodeConfig's, also for checkpoints written before a field existed)."""
+def _decode_config(ckpt):
+    """The checkpoint's decode section as asr.config.DecodeConfig (its defaults for fields written before they
+    existed; keys it no longer knows are ignored)."""
     import dataclasses
-    from .config import DecodeConfig
+    from .config import ConfigError, DecodeConfig
     known = {f.name for f in dataclasses.fields(DecodeConfig)}
-    dec = DecodeConfig(**{k: v for k, v in ckpt.config.get("decode", {}).items() if k in known})
+    try:
+        return DecodeConfig(**{k: v for k, v in ckpt.config.get("decode", {}).items() if k in known})
+    except ConfigError as e:
+        raise SystemExit(f"asr-eval: the checkpoint's config: {e}")
+
+
+def _method(args, ckpt) -> str:
+    """--method, else the checkpoint's decode.method; a default that needs a CTC head falls back to attention
+    on a model without one (an explicit --method is refused by evaluate() instead)."""
+    if args.method:
+        return args.method
+    method = _decode_config(ckpt).method
+    if method in ("ctc", "ctc_beam", "joint") and not ckpt.model_config.get("ctc_weight", 0) > 0:
+        return "attention"
+    return method
+
+
+def _decode_opts(args, ckpt, lm=None, method: str | None = None) -> dict:
+    """evaluate()'s decoding keywords for ``method``: the command line first, then the checkpoint's decode config
+    (whose defaults are asr.config.DecodeConfig's, also for checkpoints written before a field existed)."""
+    dec = _decode_config(ckpt)
+    method = method or _method(args, ckpt)
     pick = lambda flag, default: flag if flag is not None else default
-    opts = {"beam": pick(args.beam, dec.beam), "ctc_weight": pick(args.ctc_weight, dec.ctc_weight),
-            "method": args.method}
-    if args.method == "ctc_beam":
+    opts = {"beam": pick(args.beam, dec.beam), "ctc_weight": pick(args.ctc_weight, dec.ctc_weight), "method": method}
+    if method == "ctc_beam":
         opts.update(beam=pick(args.beam, dec.prefix_beam), lm=lm, att_weight=pick(args.att_weight, dec.att_weight),
                     lm_weight=pick(args.lm_weight, dec.lm_weight) if lm is not None else 0.0,
                     length_bonus=pick(args.length_bonus, dec.length_bonus if lm is not None else 0.0))
+    elif method == "joint":
+        opts.update(beam=pick(args.beam, dec.joint_beam), lm=lm,
+                    ctc_weight=pick(args.ctc_weight, dec.joint_ctc_weight_lm if lm is not None else dec.joint_ctc_weight),
+                    lm_weight=pick(args.lm_weight, dec.joint_lm_weight) if lm is not None else 0.0,
+                    length_bonus=pick(args.length_bonus, dec.joint_length_bonus if lm is not None else 0.0),
+                    max_ratio=pick(args.max_ratio, dec.max_ratio))
     return opts
 
 
@@ -161,11 +214,19 @@ def _skip_note(res: dict) -> str:
     return f"  [{n} unreadable utterance(s) skipped, counted as errors]" if n else ""
 
 
+def _run_dir_methods(args, ckpt) -> list[str]:
+    """--method alone, or the default method followed by the cheap greedy references (attention, CTC best path)."""
+    if args.method:
+        return [args.method]
+    methods = [_method(args, ckpt), "attention"] + (["ctc"] if ckpt.model_config.get("ctc_weight", 0) > 0 else [])
+    return list(dict.fromkeys(methods))
+
+
 def run_dir_mode(args) -> int:
     run = Path(args.run_dir)
     cache = run / "eval"
     cache.mkdir(parents=True, exist_ok=True)
-    done_epochs = set()
+    done_epochs, methods = set(), None
     while True:
         ckpts = sorted((run / "checkpoints").glob("epoch*.pt"))
         for ck in ckpts:
@@ -173,36 +234,48 @@ def run_dir_mode(args) -> int:
             if epoch in done_epochs:
                 continue
             loaded = None
-            for m in args.manifest:
-                dest = cache / f"{_name(m, _label(args))}.epoch{epoch:03d}.json"
-                if dest.exists():
-                    continue
-                if loaded is None:
-                    loaded = load_checkpoint(ck)
-                    lm = _load_lm(args, ck, loaded[3])
-                model, tok, norm, ckpt = loaded
-                res = evaluate(model, tok, norm, m, limit=args.limit, desc=f"epoch {epoch} {Path(m).stem}",
-                               **_decode_opts(args, ckpt, lm))
-                res["epoch"] = epoch
-                tmp = dest.with_suffix(".tmp")
-                tmp.write_text(json.dumps(res, indent=1))
-                os.replace(tmp, dest)
-                print(f"[asr-eval] epoch {epoch} {_name(m, _label(args))}: WER {100 * res['wer']:.2f}%  SER {100 * res['ser']:.2f}%"
-                      + _skip_note(res), flush=True)
+            if methods is None:                         # every epoch of a run has the same config: ask the first
+                loaded = load_checkpoint(ck)
+                lm = _load_lm(args, ck, loaded[3])
+                methods = _run_dir_methods(args, loaded[3])
+                if args.lm and not {"ctc_beam", "joint"} & set(methods):
+                    raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam or joint only (here: {methods[0]})")
+            for method in methods:
+                for m in args.manifest:
+                    name = _name(m, _label(method, args.lm))
+                    dest = cache / f"{name}.epoch{epoch:03d}.json"
+                    if dest.exists():
+                        continue
+                    if loaded is None:
+                        loaded = load_checkpoint(ck)
+                        lm = _load_lm(args, ck, loaded[3])
+                    model, tok, norm, ckpt = loaded
+                    res = evaluate(model, tok, norm, m, limit=args.limit, desc=f"epoch {epoch} {name}",
+                                   **_decode_opts(args, ckpt, lm, method))
+                    res["epoch"] = epoch
+                    tmp = dest.with_suffix(".tmp")
+                    tmp.write_text(json.dumps(res, indent=1))
+                    os.replace(tmp, dest)
+                    print(f"[asr-eval] epoch {epoch} {name}: WER {100 * res['wer']:.2f}%  SER {100 * res['ser']:.2f}%"
+                          + _skip_note(res), flush=True)
             done_epochs.add(epoch)
-        write_summary(run, args.manifest, _label(args))
+        write_summary(run, args.manifest, _label(methods[0], args.lm) if methods else "attention")
         if not args.watch or (run / "DONE").exists() and len(done_epochs) >= len(list((run / "checkpoints").glob("epoch*.pt"))):
             break
         time.sleep(10)
     return 0
 
 
-LABELS = ("attention", "ctc", "ctc_beam", "ctc_beam_lm")
+# Every way a result can be decoded, best first as measured (exp/demo's last epoch, 200 test utterances, one
+# thread: joint+LM 79.1% WER at 49 ms per utterance, joint 80.5% / 30 ms, ctc_beam+LM 80.4% / 230 ms, ctc_beam
+# 89.0% / 187 ms, ctc 89.3% / 4 ms, attention greedy 96.7% / 5 ms): the summary and the plot lead with the first
+# one that has results.
+LABELS = ("joint_lm", "joint", "ctc_beam_lm", "ctc_beam", "ctc", "attention")
 
 
-def _label(args) -> str:
+def _label(method: str, lm=None) -> str:
     """How a result was decoded, as it appears in cache names and the plot (the LM makes its own curve)."""
-    return "ctc_beam_lm" if args.method == "ctc_beam" and args.lm else args.method
+    return f"{method}_lm" if lm and method in ("ctc_beam", "joint") else method
 
 
 def _name(manifest, label: str) -> str:
@@ -210,27 +283,36 @@ def _name(manifest, label: str) -> str:
 
 
 def write_summary(run: Path, manifests, method: str = "attention") -> None:
-    """wer_per_epoch.json and .png from every cached result (every decoding method that was run)."""
-    table = {}
-    names = [_name(m, label) for m in manifests for label in LABELS]
-    for name in names:
-        rows = []
-        for f in sorted((run / "eval").glob(f"{name}.epoch*.json")):
-            r = json.loads(f.read_text())
-            rows.append({"epoch": r["epoch"], "wer": r["wer"], "ser": r["ser"], "utterances": r["utterances"],
-                         "skipped_utterances": r.get("skipped_utterances", 0)})
-        if rows or name in (_name(m, method) for m in manifests):
-            table[name] = rows
+    """wer_per_epoch.json and .png from every cached result (every decoding method that was run), in LABELS order:
+    the best method's curves come first and are drawn thick. ``method``: a label listed even before it has results."""
+    table, where = {}, {}
+    for label in LABELS:
+        for i, m in enumerate(manifests):
+            name = _name(m, label)
+            rows = []
+            for f in sorted((run / "eval").glob(f"{name}.epoch*.json")):
+                r = json.loads(f.read_text())
+                rows.append({"epoch": r["epoch"], "wer": r["wer"], "ser": r["ser"], "utterances": r["utterances"],
+                             "skipped_utterances": r.get("skipped_utterances", 0)})
+                if "per_domain" in r:
+                    rows[-1]["per_domain"] = {d: x["wer"] for d, x in r["per_domain"].items()}
+            if rows or label == method:
+                table[name], where[name] = rows, (label, i)
     tmp = run / "wer_per_epoch.json.tmp"
     tmp.write_text(json.dumps(table, indent=1))
     os.replace(tmp, run / "wer_per_epoch.json")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    lead = next((where[n][0] for n, rows in table.items() if rows), None)
+    colors = dict(zip(LABELS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, rows in table.items():
         if rows:
-            ax.plot([r["epoch"] for r in rows], [100 * r["wer"] for r in rows], "-o", label=name)
+            label, i = where[name]
+            ax.plot([r["epoch"] for r in rows], [100 * r["wer"] for r in rows], ("-", "--", ":", "-.")[i % 4],
+                    marker="o", color=colors[label], label=name, lw=2.5 if label == lead else 1.0,
+                    ms=5 if label == lead else 3, zorder=3 if label == lead else 2)
     ax.set_xlabel("epoch")
     ax.set_ylabel("WER (%)")
     ax.set_title(f"WER per epoch: {run}")
@@ -241,14 +323,24 @@ def write_summary(run: Path, manifests, method: str = "attention") -> None:
     plt.close(fig)
 
 
+def _describe(r: dict) -> str:
+    """The decoding settings of a result, for the printed summary."""
+    lm = f", LM weight {r['lm_weight']}, length bonus {r['length_bonus']}" if r["lm_weight"] else ""
+    return {"ctc": "CTC best path",
+            "ctc_beam": f"CTC prefix beam {r['beam']}{lm}, attention weight {r['att_weight']}",
+            "joint": f"joint CTC/attention beam {r['beam']}, CTC weight {r['ctc_weight']}{lm}",
+            }.get(r["method"], "attention greedy" if r["beam"] <= 1 else f"attention beam {r['beam']}"
+                  + (f", CTC rescoring weight {r['ctc_weight']}" if r["ctc_weight"] else ""))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     for m in args.manifest:
         if not Path(m).exists():
             raise SystemExit(f"asr-eval: {m}: manifest not found")
-    if args.lm and args.method != "ctc_beam":
-        raise SystemExit("asr-eval: --lm is used by --method ctc_beam only")
+    if args.lm and args.method not in (None, "ctc_beam", "joint"):
+        raise SystemExit("asr-eval: --lm is used by --method ctc_beam or joint only")
     if args.lm and not Path(args.lm).exists():
         raise SystemExit(f"asr-eval: --lm {args.lm}: file not found (train one with asr-lm)")
     if args.run_dir:
@@ -256,18 +348,21 @@ def main(argv=None) -> int:
             raise SystemExit(f"asr-eval: {args.run_dir}: no checkpoints/ folder (is it a training run folder?)")
         return run_dir_mode(args)
     model, tok, norm, ckpt = load_checkpoint(args.checkpoint)
-    opts = _decode_opts(args, ckpt, _load_lm(args, args.checkpoint, ckpt))
+    method = _method(args, ckpt)
+    if args.lm and method not in ("ctc_beam", "joint"):
+        raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam or joint only (the default here: {method})")
+    opts = _decode_opts(args, ckpt, _load_lm(args, args.checkpoint, ckpt), method)
     results = [evaluate(model, tok, norm, m, limit=args.limit, **opts) for m in args.manifest]
     for r in results:
-        how = {"ctc": "CTC best path",
-               "ctc_beam": f"CTC prefix beam {r['beam']}, LM weight {r['lm_weight']}, attention weight "
-                           f"{r['att_weight']}"}.get(args.method, f"beam {r['beam']}")
         print(f"{Path(r['manifest']).name}: WER {100 * r['wer']:.2f}%  SER {100 * r['ser']:.2f}%  "
-              f"({r['utterances']} utterances, {how})" + _skip_note(r))
+              f"({r['utterances']} utterances, {_describe(r)}; {1000 * r['seconds_per_utterance']:.0f} ms per "
+              f"utterance)" + _skip_note(r))
         for s in r["skipped"][:5]:
             print(f"  skipped {s['id']}: {s['reason']}")
-        for spk, x in r["per_speaker"].items():
-            print(f"  {spk:40s} WER {100 * x['wer']:6.2f}%  SER {100 * x['ser']:6.2f}%  ({x['utterances']} utt)")
+        for key in ("per_speaker", "per_domain"):
+            for value, x in r.get(key, {}).items():
+                print(f"  {key[4:]:7s} {value:40s} WER {100 * x['wer']:6.2f}%  SER {100 * x['ser']:6.2f}%  "
+                      f"({x['utterances']} utt)")
     if args.json:
         Path(args.json).write_text(json.dumps(results[0] if len(results) == 1 else results, indent=1))
     return 0

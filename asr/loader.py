@@ -19,6 +19,7 @@ from .shared_epoch import SharedEpoch
 from .data.manifest import audio_path, read_manifest
 from .data.stats import read_stats
 from .frontend import N_MELS, compute_features, load_wave
+from .frontend.cache import open_feature_cache
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +100,15 @@ class SpeechDataset(Dataset):
     settings must be the statistics file's (checked when it is set); without one (evaluation), clean features
     are computed with the statistics file's settings. An utterance whose audio cannot be read or gives
     no usable features comes back as a :class:`SkippedItem` (the reason names the file; logged once per
-    process), so one bad file costs one utterance, not the run."""
+    process), so one bad file costs one utterance, not the run.
+
+    ``feature_cache`` (``"auto"``: ``feature_cache/`` next to the manifest; a folder; ``"off"``/None; or an
+    asr.frontend.cache.FeatureCache): clean power spectrograms computed once, so evaluation features and the
+    augmenter's unsimulated utterances decode no audio and run no STFT (see asr.frontend.cache); the features
+    are the same as without it."""
 
     def __init__(self, manifest, tokenizer: Tokenizer, normalizer: Normalizer, augmenter=None,
-                 max_duration: float | None = None):
+                 max_duration: float | None = None, feature_cache=None):
         self.manifest = Path(manifest)
         entries = read_manifest(self.manifest)
         if max_duration:
@@ -112,6 +118,10 @@ class SpeechDataset(Dataset):
         self.entries = entries
         self.tokenizer = tokenizer
         self.normalizer = normalizer
+        self.feature_cache = open_feature_cache(feature_cache, self.manifest, normalizer.settings)
+        if self.feature_cache is not None and self.feature_cache.settings != normalizer.settings:
+            raise ValueError(f"{self.manifest}: the feature cache {self.feature_cache.dir} holds other feature "
+                             f"settings than {normalizer.stats_path}")
         self.augmenter = augmenter
         self._epoch = SharedEpoch()             # seen by persistent DataLoader workers
         self._logged_skips: set[str] = set()
@@ -142,12 +152,26 @@ class SpeechDataset(Dataset):
         e = self.entries[i]
         path = audio_path(e, self.manifest)
         settings = self.normalizer.settings
+        cache = self.feature_cache
         try:
-            wave = load_wave(path, settings.sample_rate)   # AudioError (a ValueError) naming the file
-            if self.augmenter is not None:
-                feats, _ = self.augmenter(wave, e["id"], int(self._epoch))
+            if cache is None:
+                wave = load_wave(path, settings.sample_rate)   # AudioError (a ValueError) naming the file
+                if self.augmenter is not None:
+                    feats, _ = self.augmenter(wave, e["id"], int(self._epoch))
+                else:
+                    feats = compute_features(wave, settings)
+            elif self.augmenter is None:
+                feats = cache.features(path, e.get("md5"))
+            elif getattr(self.augmenter, "takes_cached_power", False):
+                md5 = e.get("md5")
+
+                def wave():     # decoded only for a simulated utterance; its clean spectrogram is kept meanwhile
+                    w = load_wave(path, settings.sample_rate)
+                    cache.offer(path, md5, w)
+                    return w
+                feats, _ = self.augmenter(wave, e["id"], int(self._epoch), power=lambda: cache.power(path, md5))
             else:
-                feats = compute_features(wave, settings)
+                feats, _ = self.augmenter(load_wave(path, settings.sample_rate), e["id"], int(self._epoch))
             feats = self.normalizer(feats)
         except (ValueError, RuntimeError, OSError, EOFError) as err:
             reason = str(err) if str(path) in str(err) else f"{path}: {type(err).__name__}: {err}"
@@ -216,10 +240,13 @@ class BucketBatchSampler(Sampler):
     batches of the epoch's dealing order (every worker's, consumed in committed steps: each step
     consumes one batch per worker), and ``set_world(num_replicas, rank)`` re-deals the remaining
     ones to another worker count, so a lost or added worker loses no batch.
+
+    ``short_first_epochs``: that many first epochs are dealt in length order, shortest first (a curriculum).
     """
 
     def __init__(self, durations, batch_seconds: float, max_batch: int, num_replicas: int = 1, rank: int = 0,
-                 seed: int = 0, shuffle: bool = True, pad: bool = False, match_lengths: bool = True):
+                 seed: int = 0, shuffle: bool = True, pad: bool = False, match_lengths: bool = True,
+                 short_first_epochs: int = 0):
         self.durations = list(durations)
         # The step size the lengths are matched for: fixed at construction, so the epoch's dealing order
         # stays the same when an elastic run re-deals the rest of it to another worker count.
@@ -228,6 +255,7 @@ class BucketBatchSampler(Sampler):
         self.batch_seconds, self.max_batch = batch_seconds, max_batch
         self.num_replicas, self.rank, self.seed, self.shuffle = num_replicas, rank, seed, shuffle
         self.pad = pad
+        self.short_first_epochs = short_first_epochs
         self.epoch = 0
         self.start = 0
 
@@ -244,6 +272,10 @@ class BucketBatchSampler(Sampler):
         jitter = [rng.uniform(0, 0.1) if self.shuffle else 0.0 for _ in self.durations]
         order = sorted(range(len(self.durations)), key=lambda i: self.durations[i] * (1 + jitter[i]))
         batches = pack_by_length(order, self.durations, self.batch_seconds, self.max_batch)
+        if self.shuffle and self.epoch < self.short_first_epochs:
+            # Curriculum (SortaGrad, Amodei et al. 2016): the first epochs go from short utterances to long,
+            # which eases the model off the all-blank CTC plateau; length order already matches the steps.
+            return batches
         if self.shuffle and self.match_lengths and self.match_group > 1:
             # Neighbours in length order are dealt to the same step, so no worker waits at the step's
             # allreduce for another's much longer batch; the steps are shuffled, not the batches.

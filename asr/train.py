@@ -156,14 +156,16 @@ class Trainer:
 
         self.tok = Tokenizer(cfg.data.tokenizer)
         norm = Normalizer(cfg.data.stats, cfg.data.cmvn, expect=cfg.features)
-        self.train_set = SpeechDataset(cfg.data.train, self.tok, norm, max_duration=cfg.data.max_duration)
+        self.train_set = SpeechDataset(cfg.data.train, self.tok, norm, max_duration=cfg.data.max_duration,
+                                       feature_cache=cfg.data.feature_cache)
         self.train_set.augmenter = build_augmenter(cfg, self.train_set, cfg.train.seed)
-        self.dev_set = SpeechDataset(cfg.data.dev, self.tok, norm)
+        self.dev_set = SpeechDataset(cfg.data.dev, self.tok, norm, feature_cache=cfg.data.feature_cache)
         if cfg.data.dev_subset:
             self.dev_set.entries = self.dev_set.entries[:cfg.data.dev_subset]
         self.sampler = BucketBatchSampler(self.train_set.durations, cfg.train.batch_seconds, cfg.train.max_batch,
                                           size, self.rank, seed=cfg.train.seed, pad=elastic,
-                                          match_lengths=cfg.train.match_lengths)
+                                          match_lengths=cfg.train.match_lengths,
+                                          short_first_epochs=cfg.train.short_first_epochs)
         self.loader = DataLoader(self.train_set, batch_sampler=self.sampler, collate_fn=collate,
                                  num_workers=cfg.train.loader_workers, persistent_workers=cfg.train.loader_workers > 0)
 
@@ -285,7 +287,8 @@ class Trainer:
             counts = self.train_epoch(state)
             train_s = state.train_s if self.elastic else time.time() - t0
             t_eval = time.time()
-            dev = self.evaluate()
+            last = state.epoch == self.cfg.train.epochs - 1 or self.stopped_early
+            dev = self.evaluate() if last or (state.epoch + 1) % self.cfg.train.dev_every == 0 else {}
             self.finish_epoch(state, counts, dev, train_s, time.time() - t_eval, t0)
         return 0
 
@@ -424,12 +427,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict:
-        """Greedy attention and CTC best-path WER on the dev set, each worker decoding its share
-        (unreadable utterances count as all words wrong, as in asr-eval)."""
+        """CTC best-path WER on the dev set (and greedy attention with train.dev_attention, or without a CTC
+        head), each worker decoding its share (unreadable utterances count as all words wrong, as in
+        asr-eval). CTC first: it is the better of the two greedy readings while the decoder still loops, and
+        it costs one argmax per frame where the looping decoder runs to its length limit."""
         from .decode import decode_manifest
         from .metrics import ErrorCounts, utterance_errors
         hvd = self.hvd
-        methods = ("attention", "ctc") if self.model.ctc_head is not None else ("attention",)
+        if self.model.ctc_head is None:
+            methods = ("attention",)
+        else:
+            methods = ("ctc", "attention") if self.cfg.train.dev_attention else ("ctc",)
         rows = decode_manifest(self.model, self.tok, self.dev_set, methods, batch_seconds=self.cfg.decode.batch_seconds,
                                shard=(self.rank, hvd.size()), device=self.device)
         out = {}
@@ -446,9 +454,9 @@ class Trainer:
         from .checkpoint import TrainingCheckpoint
         hvd, opt, epoch = self.hvd, self.opt, state.epoch
         comm = opt.comm_stats()["total"]
-        rec = {"event": "epoch", "epoch": epoch, "step": state.step,
+        rec = {"event": "epoch", "epoch": epoch, "step": state.step, **dev,
                **{f"train_{k}": counts[k] / max(counts["batches"], 1) for k in LOSSES},
-               **dev, "train_s": train_s, "eval_s": eval_s, "lr": opt.param_groups[0]["lr"],
+               "train_s": train_s, "eval_s": eval_s, "lr": opt.param_groups[0]["lr"],
                "bits_per_element": comm["bits_per_element"],
                "comm_wait_s": comm["wait_s"] - self.comm_before["wait_s"],
                "skipped_utterances": int(counts["skipped_utterances"]),          # unreadable files, all workers
@@ -467,7 +475,7 @@ class Trainer:
                                       model_config=dataclasses.asdict(self.model_cfg), config=cfg.to_dict(),
                                       tokenizer=cfg.data.tokenizer, stats=cfg.data.stats,
                                       tokenizer_digest=self.tokenizer_digest, features=self.features.to_dict(),
-                                      dev_wer_greedy=dev["dev_wer_greedy"])
+                                      dev_wer_greedy=dev.get("dev_wer_greedy"))
             ckpt.save(self.out / "checkpoints" / f"epoch{epoch:03d}.pt")
             ckpt.save(self.last)
             if cfg.train.keep_epochs:

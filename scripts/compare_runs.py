@@ -36,7 +36,7 @@ def epoch_records(run: Path) -> list[dict]:
         rec = by_epoch[epoch]
         minutes += rec["train_s"] / 60
         rows.append({"epoch": epoch, "minutes": round(minutes, 2), "dev_wer_ctc": rec.get("dev_wer_ctc"),
-                     "dev_wer_att": rec["dev_wer_greedy"], "train_ctc_loss": rec.get("train_ctc_loss"),
+                     "dev_wer_att": rec.get("dev_wer_greedy"), "train_ctc_loss": rec.get("train_ctc_loss"),
                      "train_att_loss": rec.get("train_att_loss"), "bits_per_element": rec.get("bits_per_element")})
     return rows
 
@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     for name, rows in series.items():
         last = rows[-1]
         print(f"{name}: {len(rows)} epochs in {last['minutes']:.1f} min, last dev WER CTC "
-              f"{100 * (last['dev_wer_ctc'] or float('nan')):.1f}% / attention {100 * last['dev_wer_att']:.1f}%",
+              f"{100 * (last['dev_wer_ctc'] or float('nan')):.1f}% / attention "
+              f"{100 * (last['dev_wer_att'] or float('nan')):.1f}%",
               file=sys.stderr)
     print(f"compare_runs: wrote {args.out.with_suffix('.png')} and {args.out.with_suffix('.json')}", file=sys.stderr)
     return 0

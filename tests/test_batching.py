@@ -58,3 +58,27 @@ def test_each_steps_batches_are_matched_in_length_across_ranks():
     every = sorted(i for rank in matched for b in rank for i in b)
     assert len(every) == len(set(every)) and len(every) >= len(durations) - 2 * 32
     assert [b[0] for b in dealt(True, epoch=1)[0]] != [b[0] for b in matched[0]]     # reshuffled per epoch
+
+
+def test_short_first_curriculum_epochs_then_shuffled():
+    """Issue 15: the curriculum deals the first epoch(s) shortest first on every rank (lengths still matched
+    across the ranks' steps), then the usual shuffled steps; every utterance is dealt either way."""
+    rng = random.Random(2)
+    durations = [rng.uniform(1.0, 12.0) for _ in range(400)]
+    longest = lambda b: max(durations[i] for i in b)
+
+    def steps(epoch):
+        ranks = []
+        for rank in range(2):
+            s = BucketBatchSampler(durations, 30.0, 32, num_replicas=2, rank=rank, seed=5, short_first_epochs=1)
+            s.set_epoch(epoch)
+            ranks.append([longest(b) for b in s])
+        return ranks
+
+    first, second = steps(0), steps(1)
+    for rank in first:   # shortest first to the end of the epoch (up to the sampler's 10% length jitter)
+        assert all(b >= a / 1.1 for a, b in zip(rank, rank[1:])) and rank[-1] > 5 * rank[0]
+    gaps = [abs(a - b) / max(a, b) for a, b in zip(*first)]
+    assert sum(gaps) / len(gaps) < 0.05                            # both ranks' batches alike at each step
+    assert second[0] != sorted(second[0])                         # epoch 1: shuffled as usual
+    assert sum(len(b) for b in BucketBatchSampler(durations, 30.0, 32, short_first_epochs=1)) == len(durations)

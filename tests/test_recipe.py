@@ -56,9 +56,13 @@ def log_records(run):
 def test_tiny_model_overfits_a_handful_of_utterances(corpus, tmp_path):
     run = tmp_path / "overfit"
     train(overrides(corpus, run, train__epochs=70, train__batch_seconds=1000, train__lr=0.005,
-                    train__warmup_steps=5, train__keep_epochs=2, data__dev_subset=0))
+                    train__warmup_steps=5, train__keep_epochs=2, data__dev_subset=0, train__dev_every=8,
+                    train__dev_attention=True))
     epochs = [r for r in log_records(run) if r["event"] == "epoch"]
-    assert epochs[-1]["dev_wer_greedy"] == 0.0, [round(e["dev_wer_greedy"], 3) for e in epochs[-10:]]
+    assert epochs[-1]["dev_wer_greedy"] == 0.0, [round(e.get("dev_wer_greedy", -1), 3) for e in epochs[-10:]]
+    # the dev pass every 8th epoch and after the last; CTC first in the record
+    assert [e["epoch"] for e in epochs if "dev_wer_ctc" in e] == [7, 15, 23, 31, 39, 47, 55, 63, 69]
+    assert [k for k in epochs[-1] if k.startswith("dev_")] == ["dev_wer_ctc", "dev_wer_greedy"]
     # asr-eval on the same run: JSON with every hypothesis, and the per-epoch plot
     out = tmp_path / "eval.json"
     subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",

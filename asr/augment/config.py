@@ -61,6 +61,10 @@ class AugmentConfig:
     pool_refresh_every: int = 1         # epochs between refreshes (0: never)
     pool_refresh_fraction: float = 0.25
     rir_cache: str | None = None        # folder shared by every process that builds this pool (None: memory only)
+    speed_factors: tuple[float, ...] = ()   # speed perturbation (Ko et al. 2015), e.g. (0.9, 1.0, 1.1): one per
+    #                                         utterance and epoch, on the spectrogram (asr.frontend.mel.stretch_frames)
+    start_epoch: int = 0                # no augmentation before this epoch (clean features: the CTC plateau)
+    ramp_epochs: int = 0                # then the strength rises over this many epochs (see Augmenter.strength)
     specaugment: bool = False
     specaugment_options: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     features: FeatureSettings = DEFAULT_FEATURES   # a dict is read with FeatureSettings.from_dict
@@ -96,6 +100,12 @@ class AugmentConfig:
                              f"got {self.pool_refresh_every} and {self.pool_refresh_fraction}")
         if self.vtlp_grid <= 0:
             raise ValueError(f"AugmentConfig.vtlp_grid must be > 0, got {self.vtlp_grid}")
+        self.speed_factors = tuple(float(f) for f in self.speed_factors)
+        if any(not 0.5 <= f <= 2.0 for f in self.speed_factors):
+            raise ValueError(f"AugmentConfig.speed_factors must lie in [0.5, 2.0], got {self.speed_factors}")
+        if self.start_epoch < 0 or self.ramp_epochs < 0:
+            raise ValueError(f"AugmentConfig.start_epoch and ramp_epochs must be >= 0, got {self.start_epoch} and "
+                             f"{self.ramp_epochs}")
         if isinstance(self.specaugment_options, dict):
             self.specaugment_options = SpecAugmentConfig(**self.specaugment_options)
 

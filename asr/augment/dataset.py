@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..frontend import load_wave
+from ..frontend.cache import FeatureCache
 from ..shared_epoch import SharedEpoch
 from .noise import TalkerPool
 from .pipeline import Augmenter
@@ -18,15 +19,22 @@ from .pipeline import Augmenter
 class AugmentedDataset(Dataset):
     """items: sequence of (utt_id, waveform tensor or audio path[, label]); returns (features, info), with the
     label, if given, in info["label"]. ``babble_from_items=True`` gives the augmenter this dataset's utterances
-    as its babble source."""
+    as its babble source. ``feature_cache`` (an asr.frontend.cache.FeatureCache or a folder): items given as
+    paths take their clean spectrogram from it unless simulated (same features, no decoding)."""
 
     def __init__(self, items: Sequence[tuple], augmenter: Augmenter, epoch: int = 0,
-                 babble_from_items: bool = False):
+                 babble_from_items: bool = False, feature_cache=None):
         for i, item in enumerate(items):
             if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
                 raise ValueError(f"AugmentedDataset item {i}: expected (utt_id, wave_or_path[, label]), got {item!r}")
         self.items = list(items)
         self.augmenter = augmenter
+        if feature_cache is not None and not isinstance(feature_cache, FeatureCache):
+            feature_cache = FeatureCache(feature_cache, augmenter.config.features)
+        if feature_cache is not None and feature_cache.settings != augmenter.config.features:
+            raise ValueError(f"AugmentedDataset: the feature cache {feature_cache.dir} holds other feature settings "
+                             f"than the augmenter's (AugmentConfig.features)")
+        self.feature_cache = feature_cache
         self._epoch = SharedEpoch(epoch)
         if babble_from_items:
             augmenter.babble = self.babble_source()
@@ -50,8 +58,12 @@ class AugmentedDataset(Dataset):
         return TalkerPool([item[1] for item in self.items], self.augmenter.config.features.sample_rate)
 
     def __getitem__(self, index: int):
-        utt_id = self.items[index][0]
-        features, info = self.augmenter(self.wave(index), utt_id, self.epoch)
+        utt_id, src = self.items[index][:2]
+        if self.feature_cache is None or isinstance(src, torch.Tensor):
+            features, info = self.augmenter(self.wave(index), utt_id, self.epoch)
+        else:
+            features, info = self.augmenter(lambda: self.wave(index), utt_id, self.epoch,
+                                            power=lambda: self.feature_cache.power(src))
         if len(self.items[index]) == 3:
             info["label"] = self.items[index][2]
         return features, info

@@ -10,20 +10,26 @@ DataLoader workers and whichever worker gets it. A new epoch gives new draws (an
 Bitwise equality also needs a fixed thread count: torch's 1-D FFTs and large reductions give slightly different
 floats with 1 and 2 intra-op threads. DataLoader workers run with 1 thread, so the pipeline computes with 1 thread
 everywhere (temporarily in the main process, num_workers=0); one utterance is too small to gain from more.
+
+Cached spectrograms (asr.frontend.cache): the random draws come first, so a caller can hand over the waveform
+lazily (a callable) together with ``power``, a callable giving the clean power spectrogram from the feature cache.
+An utterance that is not simulated is then one cached read, one matmul with its VTLP-warped filterbank and the
+compression, with no audio decoded; a simulated one decodes the audio and runs as before. The features are the
+same either way (bitwise with float32 cache files): the matmul acts on the same spectrogram.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Union
 
 import numpy as np
 import torch
 import torchaudio.functional as AF
 from scipy.fft import next_fast_len
 
-from ..frontend import mel_features, mel_filterbank
+from ..frontend import compress_mel, mel_filterbank, power_spectrogram, stretch_frames
+from ..frontend.cache import single_thread
 from .config import AugmentConfig
 from .noise import BabbleSource, make_noise, mix_at_snr
 from .rooms import RIRPool, RoomEntry
@@ -34,7 +40,11 @@ from .vtlp import sample_warp
 class Augmented(NamedTuple):
     features: torch.Tensor   # [frames, n_mels] float32
     info: dict               # what was drawn (JSON-serializable)
-    wave: torch.Tensor       # the waveform the features were computed from (reverberant-noisy or clean)
+    wave: torch.Tensor | None   # the waveform the features were computed from (reverberant-noisy or clean);
+    #                             None when they came from a cached spectrogram and the audio was never decoded
+
+
+Wave = Union[torch.Tensor, np.ndarray, Callable[[], torch.Tensor]]
 
 
 def utterance_seed(seed: int, epoch: int, utt_id: str) -> int:
@@ -43,28 +53,19 @@ def utterance_seed(seed: int, epoch: int, utt_id: str) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-@contextlib.contextmanager
-def single_thread():
-    """torch intra-op threads = 1 for the block (a no-op inside DataLoader workers, which already use 1)."""
-    n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 class Augmenter:
-    """Callable ``(wave [samples] at features.sample_rate, utt_id, epoch) -> (features [frames, n_mels] float32,
-    info)``.
+    """Callable ``(wave [samples] at features.sample_rate, utt_id, epoch[, power=...]) -> (features [frames, n_mels]
+    float32, info)``.
+
+    ``wave`` may be a callable returning the waveform: it is called only if the utterance is simulated or no
+    ``power`` is given. ``power``: optional callable returning the clean power spectrogram [frames, n_fft // 2 + 1]
+    of that waveform (asr.frontend.cache.FeatureCache.power), used when the utterance is not simulated.
 
     ``babble``: optional list of waveforms or callable(rng) -> waveform for babble noise (must draw only from the
     rng it is given). The RIR pool is created lazily in the process that first needs it (one per DataLoader
     worker); ``profile=True`` adds per-stage seconds to info["timings_s"].
     """
+    takes_cached_power = True   # asr.loader.SpeechDataset hands it a lazy wave and the cached spectrogram
 
     def __init__(self, config: AugmentConfig | None = None, seed: int = 0, babble: BabbleSource | None = None,
                  profile: bool = False):
@@ -90,24 +91,30 @@ class Augmenter:
                                  spec=c.room_spec(), cache_dir=c.rir_cache)
         return self._pool
 
-    def filterbank(self, warp: float) -> torch.Tensor:
-        return mel_filterbank(self.config.features, warp, self.config.vtlp_boundary_hz)
+    def filterbank(self, warp: float, speed: float = 1.0) -> torch.Tensor:
+        return mel_filterbank(self.config.features, warp, self.config.vtlp_boundary_hz, speed)
 
-    def __call__(self, wave: torch.Tensor, utt_id: str, epoch: int) -> tuple[torch.Tensor, dict]:
-        out = self.augment(wave, utt_id, epoch)
+    def strength(self, epoch: int) -> float:
+        """How much augmentation an epoch gets, 0..1: none before ``start_epoch`` (a model still on the CTC
+        plateau learns the clean signal first), then rising linearly over ``ramp_epochs`` epochs. It scales the
+        simulation probability, the VTLP range around 1 and the chance of a speed factor other than 1."""
+        c = self.config
+        if epoch < c.start_epoch:
+            return 0.0
+        return min(1.0, (epoch - c.start_epoch + 1) / (c.ramp_epochs + 1))
+
+    def __call__(self, wave: Wave, utt_id: str, epoch: int, *, power: Callable[[], torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, dict]:
+        out = self.augment(wave, utt_id, epoch, power=power)
         return out.features, out.info
 
-    def augment(self, wave, utt_id: str, epoch: int, *, simulate: bool | None = None,
-                warp: float | None = None) -> Augmented:
+    def augment(self, wave: Wave, utt_id: str, epoch: int, *, simulate: bool | None = None,
+                warp: float | None = None, power: Callable[[], torch.Tensor] | None = None) -> Augmented:
         """Full pipeline; ``simulate``/``warp`` override the random choices (demo, tests)."""
         with single_thread():
-            return self._augment(wave, utt_id, epoch, simulate, warp)
+            return self._augment(wave, utt_id, epoch, simulate, warp, power)
 
-    def _augment(self, wave, utt_id, epoch, simulate, warp) -> Augmented:
-        wave = torch.as_tensor(wave, dtype=torch.float32)
-        if wave.dim() != 1 or wave.numel() == 0:
-            raise ValueError(f"utterance {utt_id!r}: wave must be a non-empty 1-D tensor [samples], got shape "
-                             f"{tuple(wave.shape)}")
+    def _augment(self, wave, utt_id, epoch, simulate, warp, power) -> Augmented:
         c = self.config
         rng = np.random.default_rng(utterance_seed(self.seed, epoch, utt_id))
         timings: dict[str, float] = {}
@@ -119,27 +126,60 @@ class Augmenter:
             timings[stage] = timings.get(stage, 0.0) + now - clock
             clock = now
 
-        drawn_warp = sample_warp(rng, *c.vtlp_range) if c.vtlp else 1.0
-        do_sim = bool(rng.random() < c.sim_prob)
+        s = self.strength(epoch)
+        lo, hi = (1.0 + s * (x - 1.0) for x in c.vtlp_range)
+        drawn_warp = sample_warp(rng, lo, hi) if c.vtlp else 1.0
+        do_sim = bool(rng.random() < c.sim_prob * s)
         torch_seed = int(rng.integers(0, 2**63 - 1))
+        speed = 1.0
+        if c.speed_factors:   # drawn last, so the draws above are the same with or without it
+            pick, factor = rng.random(), c.speed_factors[int(rng.integers(len(c.speed_factors)))]
+            speed = factor if pick < s else 1.0
         if warp is None:
             warp = round(round(drawn_warp / c.vtlp_grid) * c.vtlp_grid, 6) if c.vtlp else 1.0
         if simulate is not None:
             do_sim = simulate
         info = {"utt_id": utt_id, "epoch": int(epoch), "warp": float(warp), "simulated": do_sim}
-        fb = self.filterbank(float(warp))
+        if c.speed_factors:
+            info["speed"] = speed
+        if s < 1.0:
+            info["strength"] = s
+        fb = self.filterbank(float(warp), speed)
         lap("vtlp")
-        if do_sim:
-            wave = self._simulate(wave, rng, epoch, info, lap)
-        features = mel_features(wave, fb, c.features)
+        if power is not None and not do_sim:
+            spec, wave = self._cached_power(power(), utt_id), None
+            lap("cached_read")
+        else:
+            wave = self._wave(wave() if callable(wave) else wave, utt_id)
+            lap("read")
+            if do_sim:
+                wave = self._simulate(wave, rng, epoch, info, lap)
+            spec = power_spectrogram(wave, c.features)
+            lap("stft")
+        features = compress_mel(stretch_frames(torch.matmul(spec, fb), speed), c.features.mel_compression)
         lap("features")
-        info["specaugment"] = c.specaugment
-        if c.specaugment:
+        info["specaugment"] = c.specaugment and s > 0
+        if info["specaugment"]:
             features = spec_augment(features, torch.Generator().manual_seed(torch_seed), c.specaugment_options)
             lap("specaugment")
         if self.profile:
             info["timings_s"] = timings
         return Augmented(features, info, wave)
+
+    @staticmethod
+    def _wave(wave, utt_id: str) -> torch.Tensor:
+        wave = torch.as_tensor(wave, dtype=torch.float32)
+        if wave.dim() != 1 or wave.numel() == 0:
+            raise ValueError(f"utterance {utt_id!r}: wave must be a non-empty 1-D tensor [samples], got shape "
+                             f"{tuple(wave.shape)}")
+        return wave
+
+    def _cached_power(self, spec, utt_id: str) -> torch.Tensor:
+        bins = self.config.features.n_fft // 2 + 1
+        if not isinstance(spec, torch.Tensor) or spec.dim() != 2 or spec.shape[1] != bins or spec.shape[0] == 0:
+            raise ValueError(f"utterance {utt_id!r}: power must be a [frames, {bins}] spectrogram (n_fft="
+                             f"{self.config.features.n_fft}), got {getattr(spec, 'shape', type(spec).__name__)}")
+        return spec.to(torch.float32)
 
     def _simulate(self, speech: torch.Tensor, rng: np.random.Generator, epoch: int, info: dict, lap) -> torch.Tensor:
         c = self.config

@@ -62,14 +62,22 @@ def mel_points_hz(settings: FeatureSettings = DEFAULT_FEATURES, warp: float = 1.
 
 @functools.lru_cache(maxsize=1024)
 def mel_filterbank(settings: FeatureSettings = DEFAULT_FEATURES, warp: float = 1.0,
-                   boundary_hz: float = VTLP_BOUNDARY_HZ) -> torch.Tensor:
+                   boundary_hz: float = VTLP_BOUNDARY_HZ, speed: float = 1.0) -> torch.Tensor:
     """Mel filterbank [n_fft // 2 + 1, n_mels] (mel = power_spec @ fb), VTLP-warped by ``warp``; memoized (callers
     quantize the warp to a grid so the cache stays small; do not modify the result in place).
 
+    ``speed``: the filterbank that reads, from the spectrum of an utterance, the mel energies of that utterance
+    played ``speed`` times faster (every frequency times ``speed``): the corner frequencies divided by ``speed``.
+    With :func:`stretch_frames` this is speed perturbation (Ko et al., 2015) on a spectrogram (see there).
+
     Same computation as torchaudio.functional.melscale_fbanks(htk, norm=None); ``warp == 1.0`` is torch.equal to it.
     """
+    if not speed > 0:
+        raise ValueError(f"speed must be > 0, got {speed}")
     all_freqs = torch.linspace(0, settings.sample_rate // 2, settings.n_fft // 2 + 1)
     f_pts = mel_points_hz(settings, warp, boundary_hz)
+    if speed != 1.0:
+        f_pts = f_pts / speed
     # torchaudio's _create_triangular_filterbank (adopted from librosa): triangles over linear frequency
     f_diff = f_pts[1:] - f_pts[:-1]
     slopes = f_pts.unsqueeze(0) - all_freqs.unsqueeze(1)
@@ -90,6 +98,24 @@ def power_spectrogram(wave: torch.Tensor, settings: FeatureSettings = DEFAULT_FE
                           hop_length=settings.hop_length, win_length=settings.win_length, power=2.0,
                           normalized=False)
     return spec.transpose(-1, -2)
+
+
+def stretch_frames(mel: torch.Tensor, speed: float) -> torch.Tensor:
+    """Frames [T, n] of an utterance played ``speed`` times faster: T / speed frames, linearly interpolated.
+
+    Speed perturbation resamples the audio, which scales every frequency by the factor and the duration by its
+    inverse. On a spectrogram the first is the filterbank of :func:`mel_filterbank` with ``speed`` and the second
+    is this, applied to the mel energies before compression. It differs from the STFT of resampled audio only
+    in the analysis window, which covers ``speed`` times more of the original signal (10% at 0.9 or 1.1)."""
+    if speed == 1.0 or mel.shape[0] < 2:
+        return mel
+    n_out = max(1, int(round(mel.shape[0] / speed)))
+    pos = torch.arange(n_out, dtype=torch.float64) * speed
+    pos = pos.clamp(max=mel.shape[0] - 1)
+    lo = pos.floor().long()
+    hi = (lo + 1).clamp(max=mel.shape[0] - 1)
+    frac = (pos - lo).to(mel.dtype).unsqueeze(1)
+    return mel[lo] * (1 - frac) + mel[hi] * frac
 
 
 def compress_mel(mel: torch.Tensor, mel_compression: str = DEFAULT_FEATURES.mel_compression) -> torch.Tensor:

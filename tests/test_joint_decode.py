@@ -1,0 +1,214 @@
+"""Issue 15: joint CTC/attention beam search that cannot loop, and asr-eval's per-domain WER.
+
+The CTC prefix scorer is checked against torch's CTC forward algorithm (full hypotheses) and against
+enumerating every alignment (prefixes); the search against its output bound, with CTC alone, attention
+alone and an attention decoder that never emits eos. Tiny random models, no training.
+"""
+import dataclasses
+import itertools
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+import torch.nn.functional as F
+
+from asr.decode import CTCPrefixScorer, joint_beam_search, joint_search
+from asr.models.bfa import BFA, BFAConfig
+
+
+def tiny(**kw):
+    base = dict(vocab_size=6, enc_hidden=8, enc_layers=1, pool_after=[], dec_hidden=8, emb_dim=4, att_dim=8,
+                loc_channels=2, loc_kernel=3, dropout=0.0, ctc_weight=0.3)
+    base.update(kw)
+    torch.manual_seed(0)
+    return BFA(BFAConfig(**base)).eval()
+
+
+def prefix_scores(logp, blank, hyps):
+    """Feed equal-length ``hyps`` through the scorer as one beam, each step's candidates being the hypothesis'
+    next piece among distractors; return each hypothesis' eos score and its last prefix score."""
+    scorer = CTCPrefixScorer(logp, blank)
+    r, last = scorer.initial_state().expand(-1, -1, len(hyps)), torch.full((len(hyps),), -1)
+    n = len(hyps[0])
+    for i in range(n):
+        tok = torch.tensor([h[i] for h in hyps])
+        cands = torch.stack([(tok + 1) % blank, tok, torch.full_like(tok, blank), (tok + 2) % blank], dim=1)
+        psi, r_all = scorer.score(r, last, i, cands)
+        r, last = r_all[:, :, torch.arange(len(hyps)), 1], tok
+    eos, _ = scorer.score(r, last, n, torch.full((len(hyps), 1), blank))
+    return eos[:, 0], psi[:, 1] if n else torch.zeros(len(hyps))
+
+
+@pytest.mark.parametrize("hyps", [[[]], [[2], [0]], [[1, 1, 3], [0, 2, 0], [4, 4, 4]], [[3, 0, 3, 0, 1, 1, 2]]])
+def test_eos_prefix_score_is_the_ctc_forward_log_likelihood(hyps):
+    torch.manual_seed(len(hyps[0]))
+    T, blank = 11, 5
+    logp = F.log_softmax(3 * torch.randn(T, blank + 1), dim=-1)
+    eos, _ = prefix_scores(logp, blank, hyps)
+    for h, got in zip(hyps, eos.tolist()):
+        nll = F.ctc_loss(logp[:, None], torch.tensor([h or [0]]), torch.tensor([T]), torch.tensor([len(h)]),
+                         blank=blank, reduction="sum")
+        assert got == pytest.approx(-float(nll), abs=1e-4), h
+
+
+def test_prefix_score_sums_every_sequence_that_starts_with_the_prefix():
+    torch.manual_seed(1)
+    T, blank = 4, 2
+    logp = F.log_softmax(2 * torch.randn(T, blank + 1), dim=-1)
+    full = {}                                         # P(output == seq), by enumerating every alignment
+    for path in itertools.product(range(blank + 1), repeat=T):
+        out = tuple(k for j, k in enumerate(path) if k != blank and (j == 0 or path[j - 1] != k))
+        full[out] = full.get(out, 0.0) + math.exp(sum(float(logp[t, k]) for t, k in enumerate(path)))
+    for g in ([0], [1], [0, 1], [1, 1], [0, 0, 1]):
+        want = math.log(sum(p for seq, p in full.items() if list(seq[:len(g)]) == g))
+        _, psi = prefix_scores(logp, blank, [g])
+        assert float(psi[0]) == pytest.approx(want, abs=1e-5), g
+
+
+def encode(model, lengths):
+    torch.manual_seed(2)
+    feats = torch.randn(len(lengths), max(lengths), 40)
+    return model.encode(feats, torch.tensor(lengths))
+
+
+@pytest.mark.parametrize("ctc_weight,max_ratio", [(1.0, 1.0), (0.0, 1.0), (0.0, 0.5), (0.3, 1.0)])
+def test_output_never_outgrows_the_encoder(ctc_weight, max_ratio):
+    model = tiny()
+    enc, enc_len = encode(model, (3, 9, 17))
+    for b, T in enumerate(enc_len.tolist()):
+        finals = joint_search(model, enc[b:b + 1], T, beam=4, ctc_weight=ctc_weight, max_ratio=max_ratio)
+        assert finals and all(len(h) <= max(1, int(T * max_ratio)) for h, _ in finals)
+        assert [s for _, s in finals] == sorted((s for _, s in finals), reverse=True)
+        if ctc_weight == 1.0:   # CTC alone: a hypothesis the frames cannot emit has (practically) no probability
+            assert all(s > -1e9 for _, s in finals)
+
+
+def looping_model():
+    """Its attention decoder always says piece 3, never eos; its CTC head reads "3" in any input."""
+    model = tiny()
+    eos = model.config.eos
+    with torch.no_grad():
+        model.decoder.out.weight.zero_()
+        model.decoder.out.bias.fill_(-5.0)
+        model.decoder.out.bias[3] = 5.0
+        model.decoder.out.bias[eos] = -30.0
+
+    class ReadsThree(torch.nn.Module):
+        def forward(self, enc):
+            logits = torch.full((*enc.shape[:-1], eos + 1), -60.0)
+            logits[..., eos] = 10.0
+            logits[..., :2, 3] = 12.0                      # "3 3 blank blank ..." collapses to [3]
+            return logits
+    model.ctc_head = ReadsThree()
+    return model
+
+
+def test_a_looping_attention_decoder_is_stopped_by_the_bound_and_reined_in_by_ctc():
+    model = looping_model()
+    feats = torch.randn(2, 40, 40)
+    flen = torch.tensor([40, 25])
+    t0 = time.perf_counter()
+    att_only = joint_beam_search(model, feats, flen, beam=4, ctc_weight=0.0)
+    assert [len(h) for h in att_only] == [39, 24]      # the loop runs into the bound: T - 1 pieces, then eos
+    assert joint_beam_search(model, feats, flen, beam=4, ctc_weight=0.5) == [[3], [3]]
+    assert time.perf_counter() - t0 < 10
+
+
+def test_joint_search_refuses_what_it_cannot_do():
+    model = tiny(ctc_weight=0.0)                       # no CTC head
+    enc, enc_len = encode(model, (5,))
+    with pytest.raises(ValueError, match="CTC head"):
+        joint_search(model, enc, int(enc_len[0]), ctc_weight=0.3)
+    assert joint_search(model, enc, int(enc_len[0]), ctc_weight=0.0)        # attention alone still works
+    with pytest.raises(ValueError, match=r"ctc_weight must be in \[0, 1\]"):
+        joint_search(tiny(), enc, int(enc_len[0]), ctc_weight=1.5)
+
+
+# ------------------------------------------------------------------ asr-eval: per-domain WER, default method
+
+WORDS = "set an alarm for seven play some music turn off the lights call my mother".split()
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """6 FLACs with speaker and domain, a char tokenizer, feature statistics and a random BFA checkpoint."""
+    import sentencepiece as spm
+
+    from asr.checkpoint import atomic_save
+    from asr.data.manifest import write_manifest
+    rng = np.random.default_rng(0)
+    (tmp_path / "audio").mkdir()
+    entries = []
+    for i in range(6):
+        sec = 0.5 + 0.1 * i
+        t = np.arange(int(sec * 16000)) / 16000
+        x = 0.3 * np.sin(2 * np.pi * (200 + 50 * i) * t) + 0.02 * rng.standard_normal(t.size)
+        sf.write(tmp_path / "audio" / f"u{i}.flac", x.astype(np.float32), 16000)
+        entries.append({"id": f"u{i}", "audio_filepath": f"audio/u{i}.flac", "duration": sec,
+                        "text": " ".join(rng.choice(WORDS, 2 + i % 3)), "speaker": f"spk{i % 2}",
+                        "domain": "command" if i < 4 else "open"})
+    write_manifest(tmp_path / "test.jsonl", entries)
+    write_manifest(tmp_path / "old.jsonl", [{k: v for k, v in e.items() if k != "domain"} for e in entries])
+    (tmp_path / "stats.json").write_text(json.dumps({"mean": [0.5] * 40, "std": [1.0] * 40}))
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(WORDS * 5), model_prefix=str(tmp_path / "tok"),
+                                   vocab_size=30, model_type="char", minloglevel=2)
+    vocab = spm.SentencePieceProcessor(model_file=str(tmp_path / "tok.model")).get_piece_size()
+    for name, ctc in (("ctc.pt", 0.3), ("noctc.pt", 0.0)):
+        cfg = BFAConfig(vocab_size=vocab, enc_hidden=8, enc_layers=1, pool_after=[], frame_stack=4, dec_hidden=8,
+                        emb_dim=8, att_dim=8, loc_channels=2, loc_kernel=3, ctc_weight=ctc)
+        torch.manual_seed(0)
+        atomic_save({"model": BFA(cfg).state_dict(), "model_config": dataclasses.asdict(cfg),
+                     "tokenizer": tmp_path / "tok.model", "stats": tmp_path / "stats.json",
+                     "config": {"data": {"cmvn": "utterance"}}}, tmp_path / name)
+    return tmp_path
+
+
+def asr_eval(corpus, *args):
+    from asr.evaluate import main
+    out = corpus / "eval.json"
+    assert main(["--manifest", str(corpus / "test.jsonl"), "--json", str(out), "--threads", "1", *map(str, args)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_asr_eval_reports_wer_per_domain_and_per_speaker(corpus, capsys):
+    from asr.metrics import corpus_errors
+    res = asr_eval(corpus, "--checkpoint", corpus / "ctc.pt", "--method", "joint", "--ctc-weight", "0.5", "--beam", "3")
+    assert res["method"] == "joint" and res["ctc_weight"] == 0.5 and res["beam"] == 3
+    assert set(res["per_domain"]) == {"command", "open"} and set(res["per_speaker"]) == {"spk0", "spk1"}
+    rows = {r["id"]: r for r in res["hypotheses"]}
+    for domain, ids in (("command", ["u0", "u1", "u2", "u3"]), ("open", ["u4", "u5"])):
+        want = corpus_errors([rows[i]["ref"] for i in ids], [rows[i]["hyp"] for i in ids])
+        got = res["per_domain"][domain]
+        assert got["utterances"] == len(ids) and got["ref_words"] == want.ref_words
+        assert got["wer"] == pytest.approx(want.wer)
+    assert sum(x["ref_words"] for x in res["per_speaker"].values()) == res["ref_words"]
+    assert res["seconds_per_utterance"] > 0
+    printed = capsys.readouterr().out
+    assert "domain  command" in printed and "domain  open" in printed and "speaker spk0" in printed
+
+
+def test_asr_eval_defaults_to_joint_and_skips_the_domain_breakdown_without_domains(corpus):
+    res = asr_eval(corpus, "--checkpoint", corpus / "ctc.pt", "--manifest", corpus / "old.jsonl")
+    assert isinstance(res, list) and [r["method"] for r in res] == ["joint", "joint"]
+    assert "per_domain" in res[0] and "per_domain" not in res[1] and res[1]["per_speaker"]
+    # a model without a CTC head: the default falls back to the attention decoder; asking for joint is refused
+    assert asr_eval(corpus, "--checkpoint", corpus / "noctc.pt")["method"] == "attention"
+    with pytest.raises(SystemExit, match="CTC head"):
+        asr_eval(corpus, "--checkpoint", corpus / "noctc.pt", "--method", "joint")
+    assert asr_eval(corpus, "--checkpoint", corpus / "noctc.pt", "--method", "joint", "--ctc-weight", "0")["wer"] >= 0
+
+
+def test_run_dir_summary_leads_with_the_joint_curve(corpus):
+    from asr.evaluate import main
+    run = corpus / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "epoch000.pt").write_bytes((corpus / "ctc.pt").read_bytes())
+    assert main(["--run-dir", str(run), "--manifest", str(corpus / "test.jsonl"), "--threads", "1"]) == 0
+    table = json.loads((run / "wer_per_epoch.json").read_text())
+    assert list(table) == ["test.joint", "test.ctc", "test"]          # best first; greedy references after
+    assert set(table["test.joint"][0]["per_domain"]) == {"command", "open"}
+    assert (run / "wer_per_epoch.png").stat().st_size > 1000
