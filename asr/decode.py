@@ -135,37 +135,6 @@ def beam_search(model: BFA, feats, feat_lengths, beam: int = 4, length_bonus: fl
     return results
 
 
-def _logaddexp(a: float, b: float) -> float:
-    if a == -math.inf:
-        return b
-    if b == -math.inf:
-        return a
-    m = max(a, b)
-    return m + math.log1p(math.exp(-abs(a - b)))
-
-
-class _LMCache:
-    """LM log-probabilities of the next piece for every prefix the beam has held, computed in batches."""
-
-    def __init__(self, lm):
-        self.lm = lm
-        eos = lm.config.eos
-        logp, state = lm.step(torch.tensor([eos]))
-        self.next_logp = {(): logp[0].tolist()}
-        self.state = {(): state}
-
-    def extend(self, prefixes) -> None:
-        new = [p for p in prefixes if p not in self.next_logp]
-        if not new:
-            return
-        hs, cs = zip(*(self.state[p[:-1]] for p in new))
-        state = (torch.cat(hs, dim=1), torch.cat(cs, dim=1))
-        logp, (h, c) = self.lm.step(torch.tensor([p[-1] for p in new]), state)
-        for i, p in enumerate(new):
-            self.next_logp[p] = logp[i].tolist()
-            self.state[p] = (h[:, i:i + 1], c[:, i:i + 1])
-
-
 @torch.no_grad()
 def attention_score(model: BFA, enc, enc_length, hyps: list[list[int]]) -> list[float]:
     """log P_att(hyp + eos | audio) of each hypothesis for one utterance (teacher-forced, one batch)."""
@@ -185,54 +154,95 @@ def attention_score(model: BFA, enc, enc_length, hyps: list[list[int]]) -> list[
     return picked.sum(-1).tolist()
 
 
+class _PieceLMForFlashlight:
+    """Our word-piece LM behind torchaudio's CTCDecoderLM: a decoder state is a prefix (a node of flashlight's
+    state trie); its LSTM state and next-piece log-probabilities are computed the first time it is extended.
+    ``bonus`` (per piece) rides on the LM score: the lexicon-free decoder has no per-token score of its own."""
+
+    def __new__(cls, lm, bonus: float):
+        from torchaudio.models.decoder import CTCDecoderLM, CTCDecoderLMState
+
+        class Adapter(CTCDecoderLM):
+            def __init__(self):
+                CTCDecoderLM.__init__(self)
+                self.eos, self.next, self.parent = lm.config.eos, {}, {}
+
+            def start(self, start_with_nothing: bool):
+                self.next, self.parent = {}, {}            # one utterance's prefixes at a time
+                state = CTCDecoderLMState()
+                logp, hc = lm.step(torch.tensor([self.eos]))
+                self.next[state] = (logp[0].tolist(), hc)
+                return state
+
+            def _next(self, state):
+                if state not in self.next:
+                    parent, token = self.parent[state]
+                    logp, hc = lm.step(torch.tensor([token]), self._next(parent)[1])
+                    self.next[state] = (logp[0].tolist(), hc)
+                return self.next[state]
+
+            def score(self, state, token: int):
+                child = state.child(token)
+                self.parent.setdefault(child, (state, token))
+                return child, self._next(state)[0][token] + bonus
+
+            def finish(self, state):
+                return state, self._next(state)[0][self.eos]
+
+        return Adapter()
+
+
+def _flashlight_decoder(vocab: int, beam: int, lm, lm_weight: float, length_bonus: float):
+    """torchaudio's CTC beam search decoder (flashlight-text), lexicon-free over ``vocab`` pieces + blank; a
+    never-emitted silence column is flashlight's sil token. Kept over the hand-written prefix search it replaced
+    by a paired run (scripts/ctc_decoder_pair.py): equal or better WER, 20x faster without the LM."""
+    try:
+        from torchaudio.models.decoder import ctc_decoder
+        tokens = [f"p{i}" for i in range(vocab)] + ["<blank>", "<sil>"]
+        use_lm = lm is not None and lm_weight != 0
+        return ctc_decoder(lexicon=None, tokens=tokens,
+                           lm=_PieceLMForFlashlight(lm, length_bonus / lm_weight) if use_lm else None,
+                           nbest=beam, beam_size=beam, beam_size_token=vocab + 1, beam_threshold=1000.0,
+                           lm_weight=lm_weight if use_lm else 0.0, sil_score=0.0, log_add=True,
+                           blank_token="<blank>", sil_token="<sil>")
+    except (ImportError, RuntimeError) as e:   # torchaudio raises RuntimeError without flashlight-text
+        raise RuntimeError(f"CTC beam search needs torchaudio's decoder and flashlight-text ({e}); install it "
+                           "with: .venv/bin/pip install flashlight-text (make setup does)") from e
+
+
 def prefix_search(logp: torch.Tensor, blank: int, beam: int = 8, lm=None, lm_weight: float = 0.0,
-                  length_bonus: float = 0.0, prune: float = -12.0) -> list[tuple[list[int], float, float]]:
-    """CTC prefix beam search over one utterance's log-probabilities ``logp`` [T, V+1].
+                  length_bonus: float = 0.0) -> list[tuple[list[int], float, float]]:
+    """CTC prefix beam search over one utterance's log-probabilities ``logp`` [T, V+1] (blank = V).
 
     Unlike the best path, a prefix's probability sums over every alignment that collapses to it. While
-    searching, a prefix scores log P_ctc + lm_weight * log P_lm + length_bonus * |prefix|; ``lm`` is a
-    PieceLM whose eos is ``blank``. Pieces below ``prune`` (log-probability) in a frame are not tried there.
-    Returns the final beam as (pieces, log P_ctc, log P_lm including eos; 0 without an LM), best first."""
-    cache = _LMCache(lm) if lm is not None and lm_weight else None
-    lm_total = {(): 0.0}
-    beams = {(): (0.0, -math.inf)}                       # prefix -> (log p ending in blank, in non-blank)
-
-    def total(p, pb_pnb):
-        s = _logaddexp(*pb_pnb) + length_bonus * len(p)
-        return s + lm_weight * lm_total[p] if cache else s
-
-    for t in range(logp.shape[0]):
-        row = logp[t]
-        cand = [c for c in torch.nonzero(row > prune).flatten().tolist() if c != blank]
-        lp = row.tolist()
-        nxt: dict[tuple, list[float]] = {}
-        for p, (pb, pnb) in beams.items():
-            cur = nxt.setdefault(p, [-math.inf, -math.inf])
-            cur[0] = _logaddexp(cur[0], _logaddexp(pb, pnb) + lp[blank])
-            last = p[-1] if p else None
-            for c in cand:
-                q = p + (c,)
-                ext = nxt.setdefault(q, [-math.inf, -math.inf])
-                if c == last:
-                    cur[1] = _logaddexp(cur[1], pnb + lp[c])          # repeat without blank: same prefix
-                    ext[1] = _logaddexp(ext[1], pb + lp[c])
-                else:
-                    ext[1] = _logaddexp(ext[1], _logaddexp(pb, pnb) + lp[c])
-                if q not in lm_total:
-                    lm_total[q] = lm_total[p] + (cache.next_logp[p][c] if cache else 0.0)
-        live = [kv for kv in nxt.items() if max(kv[1]) > -math.inf]     # a repeat needs a blank in between
-        beams = dict(sorted(live, key=lambda kv: -total(kv[0], kv[1]))[:beam])
-        if cache:
-            cache.extend(beams)
-    out = [(list(p), _logaddexp(*v), lm_total[p] + cache.next_logp[p][blank] if cache else 0.0)
-           for p, v in beams.items()]
-    return sorted(out, key=lambda x: -(x[1] + lm_weight * x[2] + length_bonus * len(x[0])))
+    searching, a prefix scores log P_ctc + lm_weight * log P_lm + length_bonus * |prefix| (the bonus only with
+    an LM); ``lm`` is a PieceLM whose eos is ``blank``. The search is torchaudio's (flashlight). Returns the
+    n-best as (pieces, log P_ctc, log P_lm including eos; 0 without an LM), best first, the scores recomputed
+    exactly (torch's CTC forward algorithm, the LM's own score)."""
+    if blank != logp.shape[1] - 1:
+        raise ValueError(f"prefix_search: blank must be the last of the {logp.shape[1]} classes, got {blank}")
+    use_lm = lm is not None and lm_weight != 0
+    dec = _flashlight_decoder(blank, beam, lm if use_lm else None, lm_weight, length_bonus if use_lm else 0.0)
+    em = torch.cat([logp.float(), torch.full((logp.shape[0], 1), -1e4)], dim=1).contiguous()[None]
+    hyps, seen = [], set()
+    for h in dec(em.cpu(), torch.tensor([em.shape[1]]))[0]:
+        pieces = tuple(int(t) for t in h.tokens if int(t) < blank)
+        if pieces not in seen:
+            seen.add(pieces)
+            hyps.append(list(pieces))
+    T = logp.shape[0]
+    targets = torch.tensor([p for h in hyps for p in h] or [0], dtype=torch.long)
+    ctc = -F.ctc_loss(logp.float().cpu()[:, None].expand(T, len(hyps), -1), targets,
+                      torch.full((len(hyps),), T, dtype=torch.long), torch.tensor([len(h) for h in hyps]),
+                      blank=blank, reduction="none", zero_infinity=False)
+    lm_scores = lm.score(hyps) if use_lm else [0.0] * len(hyps)
+    out = [(h, float(c), float(l)) for h, c, l in zip(hyps, ctc, lm_scores)]
+    return sorted(out, key=lambda x: -(x[1] + (lm_weight * x[2] + length_bonus * len(x[0]) if use_lm else 0.0)))
 
 
 @torch.no_grad()
 def ctc_prefix_beam_search(model: BFA, feats, feat_lengths, beam: int = 8, lm=None, lm_weight: float = 0.0,
-                           length_bonus: float = 0.0, att_weight: float = 0.0, encoded=None,
-                           prune: float = -12.0) -> list[list[int]]:
+                           length_bonus: float = 0.0, att_weight: float = 0.0, encoded=None) -> list[list[int]]:
     """CTC prefix beam search (:func:`prefix_search`) with optional LM shallow fusion, then attention
     rescoring of the n-best: with ``att_weight`` > 0 each final hypothesis scores
     (1 - att_weight) * CTC + att_weight * attention + lm_weight * LM + length_bonus * |hyp|, as in WeNet's
@@ -247,7 +257,7 @@ def ctc_prefix_beam_search(model: BFA, feats, feat_lengths, beam: int = 8, lm=No
     results = []
     for b in range(enc_all.shape[0]):
         T = int(enc_lengths[b])
-        finals = prefix_search(logp_all[b, :T], model.config.eos, beam, lm, lm_weight, length_bonus, prune)
+        finals = prefix_search(logp_all[b, :T], model.config.eos, beam, lm, lm_weight, length_bonus)
         att = attention_score(model, enc_all[b:b + 1], T, [h for h, _, _ in finals]) if att_weight > 0 else [0.0] * len(finals)
         scored = [((1 - att_weight) * c + att_weight * a + lm_weight * l + length_bonus * len(h), h)
                   for (h, c, l), a in zip(finals, att)]

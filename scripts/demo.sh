@@ -5,8 +5,8 @@
 #   stage 1  sentencepiece word pieces, feature statistics, and a word-piece LSTM LM on text only (2 min)
 #   stage 2  horovodrun with 2 workers, cpu-small model, Global-QSGD 8-bit compression + Pipe-SGD
 #            pipelining, VTLP and the room simulator on CPU loader workers; dev WER after every epoch
-#   stage 3  WER of every epoch on the clean and far-field test sets, JSON and a plot; the last epoch
-#            again with CTC prefix beam search, LM fusion and attention rescoring
+#   stage 3  WER of every epoch on the clean and far-field test sets (joint CTC/attention search and CTC
+#            best path), JSON and a plot; the last epoch again with the LM fused into the joint search
 # Extra arguments go to recipes/bfa/run.sh as options (e.g. --stage 2); DEMO_EPOCHS=12 trains longer.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -5,13 +5,14 @@
 #                dev/test sentence), sentencepiece word pieces trained on it, feature statistics (asr-prep
 #                tokenizer, stats) and the word-piece LSTM language model (asr-lm)
 #   2 train      horovodrun training through horovod_ext (compression and pipelining from the config)
-#   3 eval       WER of every epoch's checkpoint on the clean and far-field test sets (asr-eval --run-dir),
-#                attention decoder and CTC best path; then the last checkpoint with CTC prefix beam search,
-#                LM shallow fusion and attention rescoring (RUN/final_<set>.json)
+#   3 eval       WER of every epoch's checkpoint on the clean and far-field test sets (asr-eval --run-dir):
+#                joint CTC/attention beam search and CTC best path; then the last checkpoint with the LM
+#                fused into the joint search (RUN/final_<set>.json)
 #
 # Usage: recipes/bfa/run.sh [--stage N] [--stop-stage N] [--conf recipes/bfa/conf/cpu-small.yaml]
 #          [--size tiny|small|full] [--limit N] [--workers 2] [--hosts localhost:2] [--exp exp/NAME]
-#          [--vocab 500] [--seed 0] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight 0.5]
+#          [--vocab 500] [--seed 0] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight W (default: decode.joint_lm_weight)]
+#          [--eval-limit N (stage 3: the per-epoch curves on the first N utterances of each test set)]
 #          [--elastic MIN:MAX --discovery SCRIPT [--cooldown LOW:HIGH]]
 #          [-- key=value ...]                              (overrides after -- go to asr.train)
 # Elastic training (stage 2): --elastic 2:4 --discovery recipes/bfa/discover_hosts.sh starts --workers
@@ -26,7 +27,7 @@ PATH="$VENV/bin:$PATH"
 
 stage=0; stop_stage=3; conf=$ROOT/recipes/bfa/conf/cpu-small.yaml; size=small; limit=""
 workers=2; hosts=""; exp=""; vocab=500; seed=0; overrides=(); elastic=""; discovery=""; cooldown=""
-lm_extra=60000; lm_minutes=8; lm_weight=0.5
+lm_extra=60000; lm_minutes=8; lm_weight=""; eval_limit=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --stage) stage=$2; shift 2 ;;
@@ -42,10 +43,11 @@ while [ $# -gt 0 ]; do
     --lm-extra) lm_extra=$2; shift 2 ;;
     --lm-minutes) lm_minutes=$2; shift 2 ;;
     --lm-weight) lm_weight=$2; shift 2 ;;
+    --eval-limit) eval_limit=$2; shift 2 ;;
     --elastic) elastic=$2; shift 2 ;;
     --discovery) discovery=$2; shift 2 ;;
     --cooldown) cooldown=$2; shift 2 ;;
-    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
     --) shift; overrides=("$@"); break ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -97,18 +99,20 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
-  log "stage 3: WER per epoch on the clean and far-field test sets"
+  log "stage 3: WER per epoch on the clean and far-field test sets (joint CTC/attention search, CTC best path)"
   manifests=(--manifest "$corpus/test.jsonl")
   [ -f "$corpus/test_far.jsonl" ] && manifests+=(--manifest "$corpus/test_far.jsonl")
-  asr-eval --run-dir "$exp" "${manifests[@]}"
-  # The CTC head's best path as a second curve (it reads the audio well before the decoder stops looping).
-  asr-eval --run-dir "$exp" "${manifests[@]}" --method ctc || log "CTC best path skipped (see the message above)"
-  # The last checkpoint as the paper decodes: beam search with the LM (here CTC prefix beam + attention rescoring).
+  # Per epoch: the joint search without the LM (the best method; it cannot loop) and the CTC head's best path
+  # (a millisecond per utterance). --method attention adds the decoder alone (slow while it still loops).
+  asr-eval --run-dir "$exp" "${manifests[@]}" --method joint ${eval_limit:+--limit "$eval_limit"}
+  asr-eval --run-dir "$exp" "${manifests[@]}" --method ctc ${eval_limit:+--limit "$eval_limit"} \
+    || log "CTC best path skipped (see the message above)"
+  # The last checkpoint with the LM fused into the joint search (RUN/final_<set>.json).
   if [ -f "$corpus/lm/lm.pt" ]; then
     for m in "$corpus/test.jsonl" "$corpus/test_far.jsonl"; do
       [ -f "$m" ] || continue
-      asr-eval --checkpoint "$exp/checkpoints/last.pt" --manifest "$m" --method ctc_beam --lm "$corpus/lm/lm.pt" \
-        --lm-weight "$lm_weight" --json "$exp/final_$(basename "$m" .jsonl).json" \
+      asr-eval --checkpoint "$exp/checkpoints/last.pt" --manifest "$m" --method joint --lm "$corpus/lm/lm.pt" \
+        ${lm_weight:+--lm-weight "$lm_weight"} --json "$exp/final_$(basename "$m" .jsonl).json" \
         || log "LM decoding skipped (see the message above)"
     done
   fi
