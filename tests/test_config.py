@@ -17,7 +17,8 @@ def test_model_and_augment_sections_are_the_library_dataclasses():
     # every default not set in the YAML is the library's own
     plain = AugmentConfig()
     for f in dataclasses.fields(AugmentConfig):
-        if f.name not in ("vtlp", "vtlp_range", "sim_prob", "t60", "snr_db", "noise_sources", "pool_size", "rir_cache"):
+        if f.name not in ("vtlp", "vtlp_range", "sim_prob", "t60", "snr_db", "noise_sources", "pool_size", "rir_cache",
+                          "start_epoch", "ramp_epochs", "speed_factors"):
             assert getattr(cfg.augment, f.name) == getattr(plain, f.name), f.name
     assert cfg.augment.rir_cache == "auto" and cfg.augment.enabled
 
