@@ -127,42 +127,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def piece_lm_adapter(lm, bonus_per_piece: float):
-    """Our PieceLM behind torchaudio's CTCDecoderLM: a decoder state is a prefix (a node of flashlight's state
-    trie); its LSTM state and next-piece log-probabilities are computed the first time it is extended."""
-    from torchaudio.models.decoder import CTCDecoderLM, CTCDecoderLMState
-
-    class PieceLMAdapter(CTCDecoderLM):
-        def __init__(self):
-            CTCDecoderLM.__init__(self)
-            self.eos = lm.config.eos
-            self.next, self.parent = {}, {}
-
-        def start(self, start_with_nothing: bool):
-            self.next, self.parent = {}, {}                # one utterance's prefixes at a time
-            state = CTCDecoderLMState()
-            logp, hc = lm.step(torch.tensor([self.eos]))
-            self.next[state] = (logp[0].tolist(), hc)
-            return state
-
-        def _next(self, state):
-            if state not in self.next:
-                parent, token = self.parent[state]
-                logp, hc = lm.step(torch.tensor([token]), self._next(parent)[1])
-                self.next[state] = (logp[0].tolist(), hc)
-            return self.next[state]
-
-        def score(self, state, token: int):
-            child = state.child(token)
-            self.parent.setdefault(child, (state, token))
-            return child, self._next(state)[0][token] + bonus_per_piece
-
-        def finish(self, state):
-            return state, self._next(state)[0][self.eos]
-
-    return PieceLMAdapter()
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -172,6 +136,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"ctc_decoder_pair: torchaudio's CTC decoder is not usable ({e}); "
                          f"install it with: .venv/bin/pip install flashlight-text")
 
+    from asr.decode import _PieceLMForFlashlight
     from asr.evaluate import load_checkpoint
     from asr.loader import SkippedItem, SpeechDataset
     from asr.metrics import corpus_errors
@@ -216,7 +181,7 @@ def main(argv=None) -> int:
 
     def torchaudio_decoder(use_lm):
         dec = ctc_decoder(lexicon=None, tokens=tokens,
-                          lm=piece_lm_adapter(lm, args.length_bonus / args.lm_weight) if use_lm else None,
+                          lm=_PieceLMForFlashlight(lm, args.length_bonus / args.lm_weight) if use_lm else None,
                           nbest=1, beam_size=args.beam, beam_size_token=args.beam_size_token or V + 1,
                           beam_threshold=args.beam_threshold, lm_weight=args.lm_weight if use_lm else 0.0,
                           sil_score=0.0, log_add=True, blank_token="<ctc_blank>", sil_token="<ctc_sil>")
