@@ -211,18 +211,19 @@ def _flashlight_decoder(vocab: int, beam: int, lm, lm_weight: float, length_bonu
 
 
 def prefix_search(logp: torch.Tensor, blank: int, beam: int = 8, lm=None, lm_weight: float = 0.0,
-                  length_bonus: float = 0.0) -> list[tuple[list[int], float, float]]:
+                  length_bonus: float = 0.0, decoder=None) -> list[tuple[list[int], float, float]]:
     """CTC prefix beam search over one utterance's log-probabilities ``logp`` [T, V+1] (blank = V).
 
     Unlike the best path, a prefix's probability sums over every alignment that collapses to it. While
     searching, a prefix scores log P_ctc + lm_weight * log P_lm + length_bonus * |prefix| (the bonus only with
     an LM); ``lm`` is a PieceLM whose eos is ``blank``. The search is torchaudio's (flashlight). Returns the
     n-best as (pieces, log P_ctc, log P_lm including eos; 0 without an LM), best first, the scores recomputed
-    exactly (torch's CTC forward algorithm, the LM's own score)."""
+    exactly (torch's CTC forward algorithm, the LM's own score). ``decoder``: :func:`_flashlight_decoder` built
+    with these settings (a batch's utterances share one)."""
     if blank != logp.shape[1] - 1:
         raise ValueError(f"prefix_search: blank must be the last of the {logp.shape[1]} classes, got {blank}")
     use_lm = lm is not None and lm_weight != 0
-    dec = _flashlight_decoder(blank, beam, lm if use_lm else None, lm_weight, length_bonus if use_lm else 0.0)
+    dec = decoder or _flashlight_decoder(blank, beam, lm if use_lm else None, lm_weight, length_bonus if use_lm else 0.0)
     em = torch.cat([logp.float(), torch.full((logp.shape[0], 1), -1e4)], dim=1).contiguous()[None]
     hyps, seen = [], set()
     for h in dec(em.cpu(), torch.tensor([em.shape[1]]))[0]:
@@ -254,10 +255,13 @@ def ctc_prefix_beam_search(model: BFA, feats, feat_lengths, beam: int = 8, lm=No
                          "they were trained with different tokenizers")
     enc_all, enc_lengths = encoded if encoded is not None else model.encode(feats, feat_lengths)
     logp_all = F.log_softmax(model.ctc_head(enc_all), dim=-1)
+    use_lm = lm is not None and lm_weight != 0
+    dec = _flashlight_decoder(model.config.eos, beam, lm if use_lm else None, lm_weight,
+                              length_bonus if use_lm else 0.0)
     results = []
     for b in range(enc_all.shape[0]):
         T = int(enc_lengths[b])
-        finals = prefix_search(logp_all[b, :T], model.config.eos, beam, lm, lm_weight, length_bonus)
+        finals = prefix_search(logp_all[b, :T], model.config.eos, beam, lm, lm_weight, length_bonus, decoder=dec)
         att = attention_score(model, enc_all[b:b + 1], T, [h for h, _, _ in finals]) if att_weight > 0 else [0.0] * len(finals)
         scored = [((1 - att_weight) * c + att_weight * a + lm_weight * l + length_bonus * len(h), h)
                   for (h, c, l), a in zip(finals, att)]

@@ -267,8 +267,8 @@ def run_dir_mode(args) -> int:
 
 
 # Every way a result can be decoded, best first as measured (exp/demo's last epoch, 200 test utterances, one
-# thread: joint+LM 79.1% WER at 49 ms per utterance, joint 80.5% / 30 ms, ctc_beam+LM 80.4% / 230 ms, ctc_beam
-# 89.0% / 187 ms, ctc 89.3% / 4 ms, attention greedy 96.7% / 5 ms): the summary and the plot lead with the first
+# thread: joint+LM 79.1% WER at 49 ms per utterance, joint 80.5% / 30 ms, ctc_beam+LM 80.0% / 206 ms, ctc_beam
+# 88.2% / 19 ms, ctc 89.3% / 4 ms, attention greedy 96.7% / 5 ms): the summary and the plot lead with the first
 # one that has results.
 LABELS = ("joint_lm", "joint", "ctc_beam_lm", "ctc_beam", "ctc", "attention")
 

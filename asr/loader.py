@@ -119,9 +119,6 @@ class SpeechDataset(Dataset):
         self.tokenizer = tokenizer
         self.normalizer = normalizer
         self.feature_cache = open_feature_cache(feature_cache, self.manifest, normalizer.settings)
-        if self.feature_cache is not None and self.feature_cache.settings != normalizer.settings:
-            raise ValueError(f"{self.manifest}: the feature cache {self.feature_cache.dir} holds other feature "
-                             f"settings than {normalizer.stats_path}")
         self.augmenter = augmenter
         self._epoch = SharedEpoch()             # seen by persistent DataLoader workers
         self._logged_skips: set[str] = set()

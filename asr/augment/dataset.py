@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..frontend import load_wave
-from ..frontend.cache import FeatureCache
+from ..frontend.cache import FeatureCache, open_feature_cache
 from ..shared_epoch import SharedEpoch
 from .noise import TalkerPool
 from .pipeline import Augmenter
@@ -31,10 +31,8 @@ class AugmentedDataset(Dataset):
         self.augmenter = augmenter
         if feature_cache is not None and not isinstance(feature_cache, FeatureCache):
             feature_cache = FeatureCache(feature_cache, augmenter.config.features)
-        if feature_cache is not None and feature_cache.settings != augmenter.config.features:
-            raise ValueError(f"AugmentedDataset: the feature cache {feature_cache.dir} holds other feature settings "
-                             f"than the augmenter's (AugmentConfig.features)")
-        self.feature_cache = feature_cache
+        self.feature_cache = open_feature_cache(feature_cache, "AugmentConfig.features", augmenter.config.features,
+                                                where="AugmentedDataset")
         self._epoch = SharedEpoch(epoch)
         if babble_from_items:
             augmenter.babble = self.babble_source()

@@ -29,15 +29,11 @@ def parallel_map(fn: Callable, items: Iterable, jobs: int | None = None, desc: s
     bar = tqdm(total=len(items), desc=desc, unit=unit, dynamic_ncols=True, mininterval=0.5)
     try:
         if jobs == 1:   # one thread, as in the workers: resampling's floats depend on the thread count
-            import torch
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
+            from ..frontend.cache import single_thread
+            with single_thread():
                 for i, x in enumerate(items):
                     out[i] = fn(x)
                     bar.update()
-            finally:
-                torch.set_num_threads(threads)
         else:
             with mp.get_context("fork").Pool(jobs, initializer=_init_worker) as pool:
                 for i, res in pool.imap_unordered(_call, ((fn, i, x) for i, x in enumerate(items)), chunksize=1):

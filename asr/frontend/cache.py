@@ -245,8 +245,14 @@ class FeatureCache:
 def open_feature_cache(spec, manifest, settings: FeatureSettings, where: str = "data.feature_cache"
                        ) -> FeatureCache | None:
     """The cache a setting asks for: ``"auto"`` (``feature_cache/`` next to ``manifest``), ``"off"`` / ``""`` /
-    None (none), a folder, or a FeatureCache (returned as it is). Anything else is a ValueError naming ``where``."""
-    if spec is None or isinstance(spec, FeatureCache):
+    None (none), a folder, or a FeatureCache (returned as it is, if it holds ``settings``' spectrograms). Anything
+    else is a ValueError naming ``where``."""
+    if spec is None:
+        return None
+    if isinstance(spec, FeatureCache):
+        if spec.settings != settings:
+            raise ValueError(f"{where}: the feature cache {spec.dir} holds other feature settings than the "
+                             f"features asked for ({manifest})")
         return spec
     if not isinstance(spec, (str, os.PathLike)):
         raise ValueError(f"{where}: expected 'auto', 'off' or a folder, got {spec!r}")
