@@ -232,16 +232,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _gradient(self, p) -> torch.Tensor:
         """The tensor to reduce: ``p.grad`` (zeros when this worker computed none, as Horovod does:
-        another worker may have), densified with ``sparse_as_dense``, snapshotted when pipelined."""
+        another worker may have), densified with ``sparse_as_dense``."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         grad = p.grad.detach()
         if grad.is_sparse and self.sparse_as_dense:
             grad = grad.to_dense()
-        elif self._pipelining:
-            # The user zeroes p.grad and runs the next backward while this reduction is in flight.
-            grad = grad.clone()
         return grad
+
+    def _is_grad(self, p, grad: torch.Tensor) -> bool:
+        """Whether ``grad`` is ``p.grad``'s own storage (not a densified or residual-added copy)."""
+        return (not grad.is_sparse and p.grad is not None and not p.grad.is_sparse
+                and grad.data_ptr() == p.grad.data_ptr() and grad.dtype == p.grad.dtype)
 
     def _codec_for(self, p, grad: torch.Tensor, state: dict) -> tuple[Compressor, torch.Tensor]:
         if grad.is_sparse:
@@ -268,12 +270,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             name = self._names[p]
             grad = self._gradient(p)
             codec, grad = self._codec_for(p, grad, self._codec_state[name])
+            own = self._is_grad(p, grad)
+            if self._pipelining and own and (codec.reads_input_later or len(params) > 1):
+                # The user zeroes p.grad and runs the next backward while this reduction is in flight;
+                # a codec that has copied what it needs before returning from its first phase needs no
+                # snapshot.
+                grad = grad.clone()
             self._ledger.step.gradient_elements += grad.numel()
             self._delay[p] = self.backward_passes_per_step
             if len(params) > 1 and codec is Compression.none:
                 plain.append((p, grad))
             else:
-                started[p] = Reduction(codec, grad, self._context(name, p, slot))
+                ctx = self._context(name, p, slot)
+                if not self._pipelining and own and p.grad.is_contiguous():
+                    ctx.out = p.grad     # nothing writes p.grad before this result is applied
+                started[p] = Reduction(codec, grad, ctx)
         if plain:
             # Horovod's grouped allreduce: one op for the group's plain gradients. Like Horovod's, it
             # leaves gradient_predivide_factor out (the same average, rounded once).
@@ -371,9 +382,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._decide_adaptive()
 
     def _decide_adaptive(self) -> None:
-        """Agree on the codec's cost per element (the slowest worker's) and apply the cost rule."""
+        """Agree on the codec's cost per element (the median over measured steps of its CPU time, the
+        slowest worker's) and apply the cost rule."""
         st = self._ledger.measured
-        local = (st.compress_s + st.decompress_s) / max(st.compressed_elements, 1)
+        costs = sorted(self._ledger.step_costs) or [0.0]
+        local = costs[len(costs) // 2]
         agreed = float(hvd.allreduce(torch.tensor([local], dtype=torch.float64), name="hx.adaptive.cost",
                                      op=hvd.Max, process_set=self.process_set)[0])
         self.adaptive.decide(agreed, st.bits_per_element, self.process_set.size())

@@ -30,6 +30,8 @@ class CommStats:
     bytes_alltoall: int = 0
     compress_s: float = 0.0
     decompress_s: float = 0.0
+    compress_cpu_s: float = 0.0      # the same work as CPU time of the thread that did it
+    decompress_cpu_s: float = 0.0
     wait_s: float = 0.0
     skipped_steps: int = 0
 
@@ -71,6 +73,8 @@ class Ledger:
 
     def __init__(self):
         self.step, self.last, self.total, self.measured = CommStats(), CommStats(), CommStats(), CommStats()
+        #: per measured step: codec CPU seconds per compressed element (the adaptive rule takes the median)
+        self.step_costs: list[float] = []
 
     def end_step(self, count_step: bool, measured: bool) -> None:
         """Close the step in progress: ``count_step`` False for a flush (work, but not a step)."""
@@ -79,6 +83,9 @@ class Ledger:
         self.total.add(self.step)
         if measured:
             self.measured.add(self.step)
+            if self.step.compressed_elements and len(self.step_costs) < 1000:   # the first steps decide
+                self.step_costs.append((self.step.compress_cpu_s + self.step.decompress_cpu_s)
+                                       / self.step.compressed_elements)
         for f in dataclasses.fields(CommStats):      # in place: the communicator holds this object
             setattr(self.step, f.name, f.default)
 

@@ -1,5 +1,5 @@
 """Issue 14: hx.DistributedOptimizer checkpoints resume bit-exactly at 2 and 4 workers, codec state
-included (error-feedback residuals, DEF's synchronized copy, rounding RNG, step and warm-up
+included (error-feedback residuals, DEF's synchronized copy, dither counter, step and warm-up
 counters, pipelined gradients in flight), and load at another worker count by the stated rule."""
 import pytest
 
@@ -30,5 +30,5 @@ def test_codec_state_is_in_the_checkpoint_and_reshards_by_the_rule(reports, scen
         r = rep[scenario]
         assert r["has_residual"] == ("topk" in scenario or "random_block" in scenario)
         assert r["has_synced"] == ("random_block" in scenario)
-        assert r["has_rng"] == ("global_qsgd" in scenario)
+        assert r["has_dither"] == ("global_qsgd" in scenario)
         assert r["reshard_warned"] and r["reshard_mean_ok"]

@@ -3,6 +3,7 @@
     hx-bench --workers 2 --bandwidth 1gbit --model bfa --steps 20 --json OUT.json
     hx-bench --workers 2 --bandwidth 100mbit,1gbit,10gbit --json OUT.json      # one run, three links
     hx-bench convergence [...]                                                 # final loss per codec
+    hx-bench codec [--numel 22000000]                       # compress/decompress s and GB/s per codec, one thread
 
 For each bandwidth it creates one Linux network namespace per worker, joined by veth pairs to a
 bridge and shaped with tc (tbf) in both directions, launches the workers there with horovodrun,
@@ -144,6 +145,9 @@ def main(argv=None) -> int:
     if argv and argv[0] == "convergence":
         from .convergence import main as convergence
         return convergence(argv[1:])
+    if argv and argv[0] == "codec":
+        from .codec import main as codec
+        return codec(argv[1:])
     args = parse_args(argv)
     args.methods = args.methods or default_methods()
     settings = ["comm-bound", "compute-bound"] if args.setting == "both" else [args.setting]

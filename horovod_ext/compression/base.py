@@ -45,6 +45,9 @@ class ReduceContext:
     # it changes nothing but rounding, and they ignore it.
     prescale_factor: float = 1.0
     postscale_factor: float = 1.0
+    # Where the result may be written (p.grad, when nothing else writes it before the result is
+    # applied); a codec that decodes straight into it saves a full pass and a fresh allocation.
+    out: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -62,21 +65,25 @@ class ReduceContext:
     def op_name(self, phase: str) -> str:
         return f"hx.{self.key}.{phase}"
 
+    # Codec work is timed twice: wall time (what a step waits for) and this thread's CPU time, which a
+    # busy machine does not inflate (a preempted thread accrues none), for the adaptive cost rule.
     @contextmanager
     def compressing(self):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
             self.comm.stats.compress_s += time.perf_counter() - t0
+            self.comm.stats.compress_cpu_s += time.thread_time() - c0
 
     @contextmanager
     def decompressing(self):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
             self.comm.stats.decompress_s += time.perf_counter() - t0
+            self.comm.stats.decompress_cpu_s += time.thread_time() - c0
 
 
 class Compressor:
@@ -105,6 +112,10 @@ class Compressor:
     #: state keys that are per worker: averaged, or started fresh, when the worker count changes
     per_worker_averaged: tuple = ("residual",)
     per_worker_fresh: tuple = ("rng",)
+    #: whether ``reduce`` reads its input after its first yield; if not, the optimizer hands it
+    #: ``p.grad`` itself even when pipelining (no snapshot copy), because the codec has taken what
+    #: it needs before the next backward can write ``p.grad``
+    reads_input_later: bool = True
 
     def release(self, state: dict):
         """Take what error feedback held back out of ``state`` (None when nothing is held)."""

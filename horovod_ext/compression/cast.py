@@ -65,13 +65,15 @@ class CastAllreduce(Compressor):
 
     The sum is computed in fp16 by the backend (on GPUs, NCCL does it natively)."""
 
+    reads_input_later = False     # the wire copy is made in the first phase
+
     def __init__(self, dtype: torch.dtype = torch.float16):
         self.dtype = dtype
         self.label = {torch.float16: "fp16"}.get(dtype, str(dtype))
 
     def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:
         with ctx.compressing():
-            wire = grad.to(self.dtype) if grad.dtype.is_floating_point else grad
+            wire = grad.to(self.dtype, copy=True) if grad.dtype.is_floating_point else grad.clone()
         out = yield ctx.comm.allreduce_(wire, name=ctx.op_name(self.label), op=ctx.op,
                                         prescale_factor=ctx.prescale_factor, postscale_factor=ctx.postscale_factor)
         with ctx.decompressing():
@@ -92,6 +94,8 @@ class CastTwoPhase(Compressor):
     Not usable while a rank has called ``hvd.join()`` (Horovod runs neither collective then).
     """
 
+    reads_input_later = False     # the wire copy is made in the first phase
+
     def __init__(self, dtype: torch.dtype = torch.bfloat16, small: int = 64):
         self.dtype = dtype
         self.small = small
@@ -102,7 +106,7 @@ class CastTwoPhase(Compressor):
         flat = grad.reshape(-1)
         numel = flat.numel()
         with ctx.compressing():
-            wire = flat.to(self.dtype)
+            wire = flat.to(self.dtype, copy=True)
         if n == 1 or numel < self.small * n:
             try:
                 gathered = yield ctx.comm.allgather(wire.view(torch.int16), name=ctx.op_name(self.label))

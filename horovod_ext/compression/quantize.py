@@ -28,9 +28,18 @@ ranks' zeros are neutral too. Works on any process set (rank and size are the pr
 Non-finite values: a worker whose gradient holds NaN/Inf raises the flag in the header; the Max
 makes it global, and every worker returns a NaN-filled result and sets ``ctx.nonfinite`` (the
 optimizer applies its policy, see ``nonfinite``; the codec itself neither raises nor skips). The
-codec's state (its rounding RNG) is not advanced then. Devices: every tensor is made on the
-gradient's device (the rounding RNG too); the host reads the header once per tensor (flag, largest
-and smallest scale, in one transfer), which the control flow needs.
+codec's state (its dither counter) is not advanced then. Devices: every tensor is made on the
+gradient's device; the host reads the header once per tensor (flag, largest and smallest scale, in
+one transfer), which the control flow needs.
+
+Speed (:mod:`horovod_ext.kernels`): three passes over the data. One reads the gradient for the
+bucket scales; one reads it again and writes the packed bytes (scale, dither, floor, clamp, offset,
+pack in one loop); after the allreduce one reads the summed bytes and writes the averaged gradient
+straight into ``p.grad`` where the optimizer allows it (``ctx.out``). The dither is a counter-based
+hash of (worker, tensor, draw, element), so no generator state is read or written element by
+element, and any element's noise can be recomputed: the native float32 CPU kernels and the torch
+reference (CUDA, float64) give the same bits. Its 24-bit resolution makes E[q] = g*m/s to within
+2**-24 of a level.
 """
 from __future__ import annotations
 
@@ -38,12 +47,16 @@ import torch
 import horovod.torch as hvd
 
 from .. import packing
+from ..kernels import qsgd as kernels
 from .base import Compressor, ReduceContext, ReduceGenerator, stable_hash
 
 NONFINITE_POLICIES = ("raise", "skip")
 
 
 class GlobalQSGD(Compressor):
+    per_worker_averaged = ()
+    per_worker_fresh = ("dither_base", "rng")      # "rng": checkpoints written before the counter-based dither
+
     def __init__(self, bits: int = 8, seed: int | None = None, nonfinite: str = "raise", bucket: int = 512):
         if bits not in packing.SUPPORTED_BITS:
             raise ValueError(f"global_qsgd: bits must be one of {packing.SUPPORTED_BITS}, got {bits!r}")
@@ -64,15 +77,17 @@ class GlobalQSGD(Compressor):
         super().validate(world_size, op)
         packing.check_capacity(self.bits, world_size)
 
-    def _generator(self, ctx: ReduceContext, device: torch.device) -> torch.Generator:
-        gen = ctx.state.get("rng")
-        if gen is None or gen.device != device:
-            gen = torch.Generator(device=device)
+    def _dither_key(self, ctx: ReduceContext) -> tuple[int, int]:
+        """This worker's dither key for this tensor's next draw; the draw counter advances."""
+        st = ctx.state
+        if "dither_base" not in st:
             base = self.seed if self.seed is not None else torch.initial_seed()
             # Independent rounding noise per worker and per parameter (zlib-free stable hash).
-            gen.manual_seed((base * 1_000_003 + ctx.comm.rank * 7919 + stable_hash(ctx.name)) % (2**63))
-            ctx.state["rng"] = gen
-        return gen
+            st["dither_base"] = (base * 1_000_003 + ctx.comm.rank * 7919 + stable_hash(ctx.name)) % (2**63)
+            st["dither_step"] = 0
+        step = st["dither_step"]
+        st["dither_step"] = step + 1
+        return kernels.step_key(st["dither_base"], step)
 
     def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:
         n = ctx.size
@@ -84,7 +99,7 @@ class GlobalQSGD(Compressor):
         dev = flat.device
         bucket = self.bucket if 0 < self.bucket < size else max(size, 1)
         with ctx.compressing():
-            amax = _bucket_amax(flat, bucket) if size else torch.zeros(1, dtype=torch.float32, device=dev)
+            amax = kernels.bucket_amax(flat, bucket) if size else torch.zeros(1, dtype=torch.float32, device=dev)
             finite = torch.isfinite(amax)
             # scales (a non-finite bucket sends 0: the flag says it all) and the non-finite flag, no host sync
             header = torch.cat([amax.where(finite, 0.0), (~finite.all()).to(torch.float32).reshape(1)])
@@ -108,33 +123,17 @@ class GlobalQSGD(Compressor):
         s = scales.to(work)
         s = torch.where(s > 0, s, 1.0)  # an all-zero bucket quantizes to zeros whatever its scale
         with ctx.compressing():
-            v = _per_bucket(flat.to(work), bucket, m / s)
-            noise = torch.rand(v.shape, generator=self._generator(ctx, v.device), dtype=work, device=v.device)
-            q = v.add_(noise).floor_().clamp_(-m, m)
-            payload = packing.pack(q, self.bits, m, extra_words=1)
+            payload = kernels.encode(flat, bucket, m / s, m, self.bits, self._dither_key(ctx), extra_words=1)
             payload[-1] = 1                      # counts the contributing workers (see the module docstring)
         total = yield ctx.comm.allreduce_(payload, name=ctx.op_name("q"), op=hvd.Sum)
         with ctx.decompressing():
-            sums = packing.unpack(total[:words], self.bits, m, total[words], size)
             denom = m * (n if ctx.average else 1)
-            out = _per_bucket(sums.to(work), bucket, s / denom)
-            return out.to(grad.dtype).view_as(grad)
+            workers = int(total[words]) if total.device.type == "cpu" else total[words]
+            out = ctx.out if ctx.out is not None and grad.dtype == work else None
+            result = kernels.decode(total[:words], size, bucket, s / denom, m, self.bits, workers,
+                                    out=None if out is None else out.view(-1))
+            if out is not None:
+                return out
+            return result.to(grad.dtype).view_as(grad)
 
 
-def _bucket_amax(flat: torch.Tensor, bucket: int) -> torch.Tensor:
-    """max|x| of each run of ``bucket`` elements (the last run may be shorter), as float32."""
-    full = flat.numel() // bucket * bucket
-    parts = [flat[:full].view(-1, bucket).abs().amax(1)] if full else []
-    if full < flat.numel():
-        parts.append(flat[full:].abs().max().reshape(1))
-    return torch.cat(parts).to(torch.float32)
-
-
-def _per_bucket(x: torch.Tensor, bucket: int, factors: torch.Tensor) -> torch.Tensor:
-    """Multiply each run of ``bucket`` elements of ``x`` (1-D, owned) by its factor, in place."""
-    full = x.numel() // bucket * bucket
-    if full:
-        x[:full].view(-1, bucket).mul_(factors[:full // bucket, None])
-    if full < x.numel():
-        x[full:].mul_(factors[-1])
-    return x

@@ -102,7 +102,7 @@ def run(name: str, cfg: dict) -> dict:
         rs = [r["codec"]["0.weight"]["residual"].double() for r in hx_state["ranks"]]
         expected = (sum(rs) / len(rs)).float()
     return {"losses": losses[K:], "resumed": resumed, "equal": losses[K:] == resumed, "param_max_diff": diff,
-            "has_residual": "residual" in codec_state, "has_rng": "rng" in codec_state,
+            "has_residual": "residual" in codec_state, "has_dither": "dither_base" in codec_state,
             "has_synced": "synced" in codec_state, "reshard_warned": reshard_warned,
             "reshard_mean_ok": (expected is None and resharded is None)
             or (resharded is not None and bool(torch.equal(resharded, expected))),

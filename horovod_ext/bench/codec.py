@@ -1,0 +1,105 @@
+"""hx-bench codec: seconds and GB/s of every codec's compress and decompress, one thread, no network.
+
+    hx-bench codec                                   # 22M float32 elements, every codec, JSON
+    hx-bench codec --numel 1000000 --methods global_qsgd8,topk0.01 --repeat 9
+
+Each codec reduces one gradient through its real code path (the same generator the optimizer
+drives) with Horovod running as a single worker, so the collectives are local copies; the codec's
+own timers (``ctx.compressing()`` / ``ctx.decompressing()``) split its work from them. Global-QSGD
+runs twice, on the native kernels and on the torch reference (``@reference``), when the native
+ones are available. GB/s counts the float32 gradient (4 bytes per element) per second. Reports the
+median over ``--repeat`` runs after one untimed run, and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+DEFAULT = "fp16,bf16,global_qsgd8,global_qsgd4,global_qsgd2,topk0.01,random_block0.01"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="hx-bench codec", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--numel", type=int, default=22_000_000, help="gradient elements (default 22M, the BFA model's size)")
+    p.add_argument("--methods", default=DEFAULT, help=f"codec specs, comma-separated (default {DEFAULT})")
+    p.add_argument("--repeat", type=int, default=5, help="timed runs per codec (default 5)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--json", default="out/hx-bench-codec.json", help="output JSON (default out/hx-bench-codec.json)")
+    return p.parse_args(argv)
+
+
+def measure(spec: str, grad, repeat: int, reference: bool = False) -> dict:
+    import horovod.torch as hvd
+    import horovod_ext as hx
+    from horovod_ext import kernels
+    from horovod_ext.communicator import Communicator
+    from horovod_ext.compression import ReduceContext
+    from horovod_ext.reduction import Reduction, complete
+
+    codec = hx.Compression.from_spec(spec)
+    state: dict = {}
+    comp, decomp, comp_cpu, decomp_cpu = [], [], [], []
+    for i in range(repeat + 1):
+        comm = Communicator()
+        ctx = ReduceContext(name="bench", state=state, comm=comm, op=hvd.Average)
+        x = grad.clone()
+        if reference:
+            with kernels.reference_only():
+                complete([Reduction(codec, x, ctx)])
+        else:
+            complete([Reduction(codec, x, ctx)])
+        if i:                                       # the first run warms caches and allocators up
+            comp.append(comm.stats.compress_s)
+            decomp.append(comm.stats.decompress_s)
+            comp_cpu.append(comm.stats.compress_cpu_s)
+            decomp_cpu.append(comm.stats.decompress_cpu_s)
+    c, d = statistics.median(comp), statistics.median(decomp)
+    gb = grad.numel() * 4 / 1e9
+    return {"method": spec + ("@reference" if reference else ""), "numel": grad.numel(), "compress_s": c,
+            "decompress_s": d, "total_s": c + d, "compress_GBps": gb / c if c else None,
+            "decompress_GBps": gb / d if d else None, "compress_cpu_s": statistics.median(comp_cpu),
+            "decompress_cpu_s": statistics.median(decomp_cpu), "runs_s": [a + b for a, b in zip(comp, decomp)]}
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
+    import horovod.torch as hvd
+    from horovod_ext import kernels
+    torch.set_num_threads(args.threads)
+    hvd.init()
+    if hvd.size() != 1:
+        print("hx-bench codec runs as one process (not under horovodrun)", file=sys.stderr)
+        return 2
+    grad = torch.randn(args.numel, generator=torch.Generator().manual_seed(0))
+    print(f"hx-bench codec: {args.numel / 1e6:.1f}M float32 elements, {args.threads} thread(s), median of "
+          f"{args.repeat}; kernels: {kernels.status()}")
+    print("| codec | compress ms | decompress ms | total ms | compress GB/s | decompress GB/s |\n|---|---|---|---|---|---|")
+    records = []
+    for spec in [s.strip() for s in args.methods.split(",") if s.strip()]:
+        runs = [False]
+        if spec.startswith("global_qsgd") and kernels.native() is not None:
+            runs.append(True)
+        for ref in runs:
+            t0 = time.perf_counter()
+            r = measure(spec, grad, args.repeat, reference=ref)
+            r["bench_s"] = time.perf_counter() - t0
+            records.append(r)
+            fmt = lambda v: f"{v:.2f}" if v else "-"  # noqa: E731
+            print(f"| {r['method']} | {1e3 * r['compress_s']:.1f} | {1e3 * r['decompress_s']:.1f} | "
+                  f"{1e3 * r['total_s']:.1f} | {fmt(r['compress_GBps'])} | {fmt(r['decompress_GBps'])} |", flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"command": "hx-bench codec " + " ".join(sys.argv[1:] if argv is None else argv),
+                   "threads": args.threads, "kernels": kernels.status(), "records": records}, f, indent=1)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
