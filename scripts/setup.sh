@@ -135,4 +135,6 @@ CHECK=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-bu
 echo "$CHECK" | grep -q '\[X\] PyTorch' || die "Horovod was built without PyTorch support:" "$CHECK"
 echo "$CHECK" | grep -q '\[X\] Gloo'    || die "Horovod was built without Gloo:" "$CHECK"
 say "horovodrun --check-build: PyTorch and Gloo available"
+# The codecs' native kernels (a second, cached under $CACHE/native; the torch path runs without them).
+HX_CACHE=$CACHE "$VENV/bin/python" -m horovod_ext.kernels
 say "set-up took $(( $(date +%s) - T0 )) s (venv: $VENV)"

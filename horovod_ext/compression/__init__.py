@@ -1,7 +1,7 @@
 """``hx.Compression``: the codecs, named like Horovod's ``hvd.Compression``.
 
 ``Compression.none`` and ``.fp16`` / ``.bf16`` are ready-made instances (as in Horovod);
-``global_qsgd``, ``topk`` and ``random_block`` are factories that take their parameters.
+``global_qsgd``, ``topk``, ``random_block`` and ``powersgd`` are factories that take their parameters.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from .base import Compressor, NonFiniteGradientError, ReduceContext
 from .cast import CastAllreduce, CastTwoPhase, NoCompression
+from .powersgd import PowerSGD
 from .quantize import GlobalQSGD
 from .sparsify import RandomBlock, TopK
 
@@ -45,6 +46,16 @@ class Compression:
         return RandomBlock(ratio, detached=detached, coeff=coeff, seed=seed, error_feedback=error_feedback)
 
     @staticmethod
+    def powersgd(rank: int = 4, min_compression_rate: float = 2.0, seed: int = 0,
+                 error_feedback: bool = True) -> Compressor:
+        """PowerSGD: a rank-``rank`` approximation per matrix, two allreduces (P, then Q), error feedback and
+        warm start, as PyTorch DDP's ``powerSGD_hook``. 1-D tensors, and matrices whose
+        (n + m) * rank * ``min_compression_rate`` >= n * m, go as a plain allreduce; ``seed`` draws the
+        first Q (the same on every worker)."""
+        return PowerSGD(rank=rank, min_compression_rate=min_compression_rate, seed=seed,
+                        error_feedback=error_feedback)
+
+    @staticmethod
     def from_spec(spec: str) -> Compressor:
         """Build a codec from a short string (its ``label``), for configs and command lines.
 
@@ -53,8 +64,10 @@ class Compression:
         (one scale per tensor), ``-sN`` (rounding seed), ``-skip`` (skip non-finite steps by default);
         ``topk0.01`` with ``-imp`` (importance-weighted), ``-noef`` (no error feedback);
         ``random_block0.01`` (DEF) with ``-ef`` (classic error feedback) or ``-noef``, ``-cX`` (DEF
-        coefficient, 0.3), ``-sN`` (block seed). Every option is checked; an unknown one is an error
-        that lists the valid ones. Every codec's ``label`` parses back to the same codec."""
+        coefficient, 0.3), ``-sN`` (block seed); ``powersgd4`` (rank 4 by default) with ``-mcrX``
+        (minimum compression rate, 2), ``-sN`` (seed of the first Q), ``-noef`` (no error feedback).
+        Every option is checked; an unknown one is an error that lists the valid ones. Every codec's
+        ``label`` parses back to the same codec."""
         s = spec.strip().lower()
         for prefix in sorted(_PARSERS, key=len, reverse=True):
             if s.startswith(prefix):
@@ -64,7 +77,7 @@ class Compression:
                 return _PARSERS[prefix](spec, body, rest[1:].split("-") if rest else [])
         raise ValueError(f"unknown compression {spec!r}; expected one of none, fp16, bf16, "
                          f"global_qsgd8|4|2[-bN|-tensor][-sN][-skip], topkRATIO[-imp][-noef], "
-                         f"random_blockRATIO[-ef|-noef][-cX][-sN]")
+                         f"random_blockRATIO[-ef|-noef][-cX][-sN], powersgdRANK[-mcrX][-sN][-noef]")
 
 
 def _options(spec: str, flags: list[str], allowed: dict) -> dict:
@@ -127,9 +140,15 @@ def _random_block(spec, body, flags):
                                     coeff=o.get("c", 0.3), seed=o.get("s", 0), error_feedback=not o.get("noef"))
 
 
+def _powersgd(spec, body, flags):
+    o = _options(spec, flags, {"mcr": float, "s": int, "noef": None})
+    return Compression.powersgd(_number("rank", spec, body, 4, int), min_compression_rate=o.get("mcr", 2.0),
+                                seed=o.get("s", 0), error_feedback=not o.get("noef"))
+
+
 _PARSERS = {"none": _plain(Compression.none), "fp32": _plain(Compression.none), "fp16": _plain(Compression.fp16),
             "bf16": _plain(Compression.bf16), "global_qsgd": _global_qsgd, "topk": _topk,
-            "random_block": _random_block}
+            "random_block": _random_block, "powersgd": _powersgd}
 
 
 __all__ = ["Compression", "Compressor", "ReduceContext", "NonFiniteGradientError"]

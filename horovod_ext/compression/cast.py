@@ -32,7 +32,7 @@ from horovod.common.exceptions import HorovodInternalError
 from .base import Compressor, ReduceContext, ReduceGenerator, scale_for_op
 
 #: the codecs whose collectives are all allreduces, hence usable while a rank has joined
-JOIN_COMPATIBLE = "none, fp16, global_qsgd or random_block"
+JOIN_COMPATIBLE = "none, fp16, global_qsgd, random_block or powersgd"
 
 
 class JoinNotSupportedError(RuntimeError):
