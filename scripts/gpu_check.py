@@ -78,7 +78,7 @@ def cmd_env(args) -> int:
 # ------------------------------------------------------------------------------------------------ codecs
 SPECS = ["none", "fp16", "bf16", "global_qsgd8", "global_qsgd8-tensor", "global_qsgd8-b64", "global_qsgd4",
          "global_qsgd2", "global_qsgd2-tensor", "topk0.05", "topk0.05-imp", "random_block0.05",
-         "random_block0.05-ef"]
+         "random_block0.05-ef", "powersgd4"]
 
 
 def cmd_codecs(args) -> int:

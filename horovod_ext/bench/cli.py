@@ -25,7 +25,7 @@ import tempfile
 
 from .launch import horovodrun
 
-DEFAULT_HX = "fp16,bf16,global_qsgd8,global_qsgd4,topk0.01,random_block0.01"
+DEFAULT_HX = "fp16,bf16,global_qsgd8,global_qsgd4,topk0.01,random_block0.01,powersgd4"
 BASELINES = "hvd_fp32,hvd_fp16,ddp,ddp_powersgd"
 SETTINGS = {  # batch x frames per worker
     "bfa": {"comm-bound": (1, 40), "compute-bound": (2, 200)},
@@ -54,6 +54,11 @@ def parse_args(argv):
                    help=f"comma-separated; baselines {BASELINES}; ours hx_SPEC and hx_SPEC+pipe "
                         f"(default: all baselines and hx_ for {DEFAULT_HX}, with and without +pipe)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
+    p.add_argument("--no-adaptive", action="store_true",
+                   help="turn the adaptive cost rule off, so every hx method compresses and its own speed shows "
+                        "(tensors under 8,192 elements still go fp32); the decision is in the JSON either way")
+    p.add_argument("--powersgd-rank", type=int, default=4, help="rank of DDP's PowerSGD hook (default 4; compare "
+                                                                 "with hx_powersgd4 at equal rank)")
     p.add_argument("--no-netns", action="store_true", help="run on localhost without shaping (no root needed)")
     p.add_argument("--json", default="out/hx-bench.json", help="output JSON (default out/hx-bench.json)")
     p.add_argument("--plot", default=None, help="output PNG (default: the JSON path with .png)")
@@ -72,6 +77,7 @@ def run_one(args, bandwidth: str, setting: str, out_jsonl: str) -> int:
     worker = [sys.executable, "-m", "horovod_ext.bench.stepbench", "--model", args.model,
               "--batch", str(batch), "--frames", str(frames), "--steps", str(args.steps),
               "--warmup", str(args.warmup), "--methods", args.methods, "--threads", str(args.threads),
+              "--powersgd-rank", str(args.powersgd_rank), *(["--no-adaptive"] if args.no_adaptive else []),
               "--bandwidth", bandwidth if not args.no_netns else "unshaped", "--setting", setting,
               "--out-jsonl", out_jsonl]
     import subprocess
@@ -103,14 +109,30 @@ def summarize(records) -> None:
         if fp32:
             print(f"Horovod fp32 spends {100 * fp32['comm_fraction']:.0f}% of its step communicating "
                   f"(compute alone {fp32['compute_s']:.3f} s)")
-        print("| method | median step s | vs hvd fp32 | limit s | step/limit | MB per step |\n|---|---|---|---|---|---|")
+        print("| method | median step s | vs hvd fp32 | limit s | step/limit | MB per step | adaptive |\n"
+              "|---|---|---|---|---|---|---|")
         for r in recs:
             rel = f"{r['median_step_s'] / fp32['median_step_s']:.2f}x" if fp32 else ""
             lim = r.get("limit_s")
             lim_s = "" if lim is None else f"{lim:.3f}"
             ratio = "" if not lim else f"{r['median_step_s'] / lim:.2f}"
             print(f"| {r['method']} | {r['median_step_s']:.3f} | {rel} | {lim_s} | {ratio} | "
-                  f"{r.get('bytes_per_step', 0) / 1e6:.2f} |")
+                  f"{r.get('bytes_per_step', 0) / 1e6:.2f} | {decision(r)} |")
+
+
+def decision(r: dict) -> str:
+    """The adaptive rule's verdict for one record, in words (empty for methods that are not ours)."""
+    a = r.get("adaptive")
+    if not a:
+        return ""
+    if not a.get("enabled"):
+        return "rule off"
+    if not a.get("decided"):
+        return "undecided"
+    if a.get("saved_s_per_element") is None:
+        return "compress (link rate unknown)"
+    cost, saved = a["codec_s_per_element"] * 1e9, a["saved_s_per_element"] * 1e9
+    return f"{'compress' if a['compress'] else 'fp32'} ({cost:.2f} vs {saved:.2f} ns/el)"
 
 
 def plot(records, path) -> None:

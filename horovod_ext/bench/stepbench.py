@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from ..kernels import status as kernels_status
 from ..stats import CommStats
 from .models import build, parameter_count
 
@@ -34,6 +35,7 @@ def parse_args(argv=None):
     p.add_argument("--setting", default="comm-bound")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--powersgd-rank", type=int, default=4)
+    p.add_argument("--no-adaptive", action="store_true")
     p.add_argument("--out-jsonl", required=True)
     return p.parse_args(argv)
 
@@ -62,7 +64,8 @@ def _powersgd_bytes(model, rank: int) -> int:
     return total
 
 
-def make_optimizer(method: str, model, lr: float, hvd, hx, powersgd_rank: int, link_gbps=None, measure_steps=3):
+def make_optimizer(method: str, model, lr: float, hvd, hx, powersgd_rank: int, link_gbps=None, measure_steps=3,
+                   cost_rule: bool = True):
     """Return (model to call, optimizer, bytes handed per step or None, codec stats getter)."""
     params = parameter_count(model)
     if method in HOROVOD:
@@ -86,7 +89,8 @@ def make_optimizer(method: str, model, lr: float, hvd, hx, powersgd_rank: int, l
         spec, _, pipe = method[3:].partition("+")
         opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr), model.named_parameters(),
                                       compression=hx.Compression.from_spec(spec), pipeline=pipe == "pipe",
-                                      adaptive=hx.Adaptive(link_gbps=link_gbps, measure_steps=measure_steps))
+                                      adaptive=hx.Adaptive(link_gbps=link_gbps if cost_rule else None,
+                                                           measure_steps=measure_steps))
         return model, opt, None, opt
     if method == "compute":
         return model, torch.optim.SGD(model.parameters(), lr=lr), 0, None
@@ -135,14 +139,16 @@ def main(argv=None) -> None:
     params = parameter_count(model)
     base = {"model": args.model, "parameters": params, "workers": n, "bandwidth": args.bandwidth,
             "bandwidth_bps": args.bandwidth_bps, "setting": args.setting, "batch": args.batch,
-            "frames": args.frames, "steps": args.steps, "compute_s": compute}
+            "frames": args.frames, "steps": args.steps, "compute_s": compute, "kernels": kernels_status(),
+            "cost_rule": not args.no_adaptive}
     emit(dict(base, method="compute_only", median_step_s=compute, bytes_per_step=0))
     for method in methods:
         model, make_batch, loss_fn = build(args.model, args.batch, args.frames)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         call, opt, nbytes, hx_opt = make_optimizer(method, model, 0.01, hvd, hx, args.powersgd_rank,
                                                    link_gbps=args.bandwidth_bps / 1e9 or None,
-                                                   measure_steps=max(1, args.warmup - 2))
+                                                   measure_steps=max(1, args.warmup - 2),
+                                                   cost_rule=not args.no_adaptive)
         times = time_steps(call, opt, make_batch, loss_fn, args.steps, args.warmup, seed=rank)
         step = float(hvd.allreduce(torch.tensor(statistics.median(times)), name=f"t.{method}", op=hvd.Max))
         rec = dict(base, method=method, median_step_s=step, step_times_s=times,

@@ -147,8 +147,8 @@ class PowerSGD(Compressor):
     def initial_q(self, name: str, m: int, r: int) -> torch.Tensor:
         """The first Q (m x r, float32, on the CPU, before orthonormalization) of the tensor ``name``: a
         standard-normal draw, the same on every worker (and for both pipeline slots)."""
-        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + stable_hash(name)) % (2**63))
-        return torch.randn(m, r, generator=gen, dtype=torch.float32)
+        gen = torch.Generator(device="cpu").manual_seed((self.seed * 1_000_003 + stable_hash(name)) % (2**63))
+        return torch.randn(m, r, generator=gen, dtype=torch.float32, device="cpu")
 
     # ------------------------------------------------------------------ error feedback
     def release(self, state: dict):
