@@ -1,7 +1,7 @@
 """Codec state in checkpoints: what survives a resume, and how it moves to another worker count.
 
 A codec keeps per-parameter state (``ctx.state``): error-feedback residuals, DEF's synchronized
-copy of the model, a rounding RNG, step counters. Part of it is per worker (residuals, RNG), so a
+copy of the model, a dither stream, PowerSGD's Q, step counters. Part of it is per worker (residuals, dither), so a
 checkpoint that resumes exactly must hold every worker's share. Three forms:
 
 * ``local``: one worker's state, what ``optimizer.state_dict()`` carries under ``"horovod_ext"``.
@@ -12,7 +12,7 @@ checkpoint that resumes exactly must hold every worker's share. Three forms:
   residual is the mean of the n old residuals. The update still owed to the model,
   (1/n) * sum of old residuals, is then exactly what the n' new workers owe together, so nothing is
   lost or counted twice. Replicated entries (DEF's synchronized copy, step counters) come from old
-  rank 0; rounding RNGs start fresh. A warning says so.
+  rank 0; per-worker dither streams start fresh. A warning says so.
 
 Everything here is tensors, numbers and strings, so checkpoints load with ``weights_only=True``.
 """
@@ -75,7 +75,7 @@ def reshard(codec, per_rank: list[dict[str, dict]], old_size: int, new_size: int
     """One new worker's saved codec state from every old worker's (see the module docstring)."""
     warnings.warn(f"horovod_ext: loading codec state written by {old_size} workers into {new_size}: every worker "
                   f"takes the mean error-feedback residual of the old workers (the update still owed is kept "
-                  f"exactly); rounding RNGs start fresh", stacklevel=3)
+                  f"exactly); per-worker dither streams start fresh", stacklevel=3)
     out: dict[str, dict] = {}
     for name in per_rank[0]:
         merged = {}
