@@ -284,7 +284,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 ctx = self._context(name, p, slot)
                 if not self._pipelining and own and p.grad.is_contiguous():
                     ctx.out = p.grad     # nothing writes p.grad before this result is applied
-                started[p] = Reduction(codec, grad, ctx)
+                # Not pipelining, nothing writes p.grad before step(), so the codec's first phase (its
+                # compression) can run on the driver thread, beside backward. Pipelining, the next
+                # backward may write p.grad meanwhile: the first phase runs here, where its copy is taken.
+                offload = self._rounds.driver is not None and not self._pipelining
+                started[p] = Reduction(codec, grad, ctx, start=not offload)
         if plain:
             # Horovod's grouped allreduce: one op for the group's plain gradients. Like Horovod's, it
             # leaves gradient_predivide_factor out (the same average, rounded once).

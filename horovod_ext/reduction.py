@@ -23,14 +23,19 @@ class Reduction:
     When it ends, ``finite`` holds a 0-dim bool tensor on the result's device (no host sync): whether
     the reduced result is free of NaN/Inf. The result is identical on every worker, so every worker
     reaches the same verdict without another collective."""
-    __slots__ = ("ctx", "gen", "handle", "result", "done", "error", "finite")
+    __slots__ = ("ctx", "gen", "handle", "result", "done", "error", "finite", "started")
 
-    def __init__(self, codec: Compressor, tensor, ctx: ReduceContext):
+    def __init__(self, codec: Compressor, tensor, ctx: ReduceContext, start: bool = True):
+        """``start=False`` leaves the codec's first phase (its compression, up to the first collective)
+        to whoever calls :meth:`step` first: the driver thread, so it overlaps backward."""
         self.ctx, self.gen, self.handle, self.result, self.done = ctx, codec.reduce(tensor, ctx), None, None, False
         self.error = self.finite = None
-        self._advance(first=True)
+        self.started = False
+        if start:
+            self._advance(first=True)
 
     def _advance(self, value=None, first: bool = False) -> None:
+        self.started = True
         try:
             self.handle = next(self.gen) if first else self.gen.send(value)
         except StopIteration as stop:
@@ -43,6 +48,9 @@ class Reduction:
 
         A collective's error (e.g. Horovod refusing an allgather while a rank has joined) is thrown
         into the codec, which may translate it into one that names the codec."""
+        if not self.started:
+            self._advance(first=True)
+            return
         try:
             value = Communicator.wait(self.handle)
         except Exception as err:

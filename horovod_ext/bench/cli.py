@@ -57,6 +57,9 @@ def parse_args(argv):
     p.add_argument("--no-adaptive", action="store_true",
                    help="turn the adaptive cost rule off, so every hx method compresses and its own speed shows "
                         "(tensors under 8,192 elements still go fp32); the decision is in the JSON either way")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the whole comparison this many times, one after the other; the table then shows "
+                        "whether the adaptive rule decided alike in every run (default 1)")
     p.add_argument("--powersgd-rank", type=int, default=4, help="rank of DDP's PowerSGD hook (default 4; compare "
                                                                  "with hx_powersgd4 at equal rank)")
     p.add_argument("--no-netns", action="store_true", help="run on localhost without shaping (no root needed)")
@@ -135,6 +138,19 @@ def decision(r: dict) -> str:
     return f"{'compress' if a['compress'] else 'fp32'} ({cost:.2f} vs {saved:.2f} ns/el)"
 
 
+def summarize_decisions(records, repeats: int) -> None:
+    """Per method: the adaptive verdict of every run, and whether they agree."""
+    print(f"\n## adaptive decisions in {repeats} runs")
+    print("| setting | bandwidth | method | " + " | ".join(f"run {i + 1}" for i in range(repeats)) + " | same |")
+    print("|---|---|---|" + "---|" * repeats + "---|")
+    keys = list(dict.fromkeys((r["setting"], r["bandwidth"], r["method"]) for r in records if r.get("adaptive")))
+    for key in keys:
+        runs = {r["repeat"]: r for r in records if (r["setting"], r["bandwidth"], r["method"]) == key}
+        verdicts = [("compress" if runs[i]["adaptive"]["compress"] else "fp32") if i in runs else "-"
+                    for i in range(repeats)]
+        print(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(verdicts) + f" | {'yes' if len(set(verdicts)) == 1 else 'NO'} |")
+
+
 def plot(records, path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -175,23 +191,30 @@ def main(argv=None) -> int:
     settings = ["comm-bound", "compute-bound"] if args.setting == "both" else [args.setting]
     bandwidths = ["unshaped"] if args.no_netns else [b.strip() for b in args.bandwidth.split(",")]
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    out_jsonl = tempfile.mktemp(prefix="hx-bench-", suffix=".jsonl")
     rc = 0
-    for setting in settings:
-        for bw in bandwidths:
-            rc = run_one(args, bw, setting, out_jsonl) or rc
     records = []
-    if os.path.exists(out_jsonl):
-        with open(out_jsonl) as f:
-            records = [json.loads(line) for line in f if line.strip()]
+    for repeat in range(args.repeat):
+        for setting in settings:
+            for bw in bandwidths:
+                out_jsonl = tempfile.mktemp(prefix="hx-bench-", suffix=".jsonl")
+                rc = run_one(args, bw, setting, out_jsonl) or rc
+                if os.path.exists(out_jsonl):
+                    with open(out_jsonl) as f:
+                        records += [dict(json.loads(line), repeat=repeat) for line in f if line.strip()]
+                    os.unlink(out_jsonl)
     if not records:
         print("hx-bench: no results (see the errors above)", file=sys.stderr)
         return rc or 1
     with open(args.json, "w") as f:
         json.dump({"command": "hx-bench " + " ".join(argv), "records": records}, f, indent=1)
-    summarize(records)
+    for repeat in range(args.repeat):
+        if args.repeat > 1:
+            print(f"\n# run {repeat + 1} of {args.repeat}")
+        summarize([r for r in records if r["repeat"] == repeat])
+    if args.repeat > 1:
+        summarize_decisions(records, args.repeat)
     png = args.plot or os.path.splitext(args.json)[0] + ".png"
-    plot(records, png)
+    plot([r for r in records if r["repeat"] == 0], png)
     print(f"\nwrote {args.json} and {png}")
     return rc
 
