@@ -94,6 +94,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hooks = []
         self._p_to_group: dict = {}
         self._group_ready: dict = {}
+        self._out_buffers: dict = {}      # (param, pipeline slot) -> reduced-gradient buffer (see _output_for)
         if process_set.included():
             if groups is not None:
                 self._form_groups(groups)
@@ -282,8 +283,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 plain.append((p, grad))
             else:
                 ctx = self._context(name, p, slot)
-                if not self._pipelining and own and p.grad.is_contiguous():
-                    ctx.out = p.grad     # nothing writes p.grad before this result is applied
+                if codec.uses_out:
+                    ctx.out = self._output_for(p, slot, own)
                 # Not pipelining, nothing writes p.grad before step(), so the codec's first phase (its
                 # compression) can run on the driver thread, beside backward. Pipelining, the next
                 # backward may write p.grad meanwhile: the first phase runs here, where its copy is taken.
@@ -301,6 +302,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._note_once("groups", f"groups= orders the reductions of {self._compression.label!r}, which "
                             f"reduces each tensor itself; only plain allreduces are grouped into one Horovod op")
         self._rounds.start(started)
+
+    def _output_for(self, p, slot, own: bool):
+        """Where a codec may write ``p``'s reduced gradient: ``p.grad`` itself when not pipelining
+        (nothing writes it before this result is applied); pipelining, a buffer per parameter and
+        slot, free again when its round's result has been copied into ``p.grad`` (two rounds later
+        the same slot comes back), so no gradient-sized tensor is allocated per step."""
+        if not self._pipelining:
+            return p.grad if own and p.grad.is_contiguous() else None
+        if p.grad is None or p.grad.is_sparse:
+            return None
+        key = (p, slot)
+        buf = self._out_buffers.get(key)
+        if buf is None or buf.shape != p.grad.shape or buf.dtype != p.grad.dtype or buf.device != p.grad.device:
+            buf = self._out_buffers[key] = torch.empty_like(p.grad, memory_format=torch.contiguous_format)
+        return buf
 
     def _start_missing(self) -> None:
         for p in self._requires_update:

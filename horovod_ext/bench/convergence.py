@@ -19,6 +19,7 @@ import time
 
 TARGETS = {"fp16": 0.005, "bf16": 0.005, "global_qsgd8": 0.01, "global_qsgd4": 0.03,
            "topk0.01": 0.03, "topk0.01-imp": 0.03, "random_block0.01": None, "random_block0.01-ef": None}
+DEFAULT_LR = {"sgd": 0.5, "adam": 5e-3}
 DEFAULT_METHODS = ("none,fp16,bf16,global_qsgd8,global_qsgd4,topk0.01,topk0.01-imp,"
                    "random_block0.01,random_block0.01-ef")
 
@@ -29,11 +30,19 @@ def parse_args(argv=None):
     p.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated codec specs (hx.Compression.from_spec)")
     p.add_argument("--steps", type=int, default=600, help="optimizer steps per method (default 600)")
     p.add_argument("--batch", type=int, default=64, help="examples per worker per step (default 64)")
-    p.add_argument("--lr", type=float, default=0.5)
-    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum of the wrapped optimizer (default 0; see the README on error feedback and momentum)")
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                   help="the wrapped optimizer: torch.optim.SGD (default) or torch.optim.Adam")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"learning rate (default: {DEFAULT_LR['sgd']} for sgd, {DEFAULT_LR['adam']} for adam)")
+    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum of the wrapped optimizer (default 0; sgd only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="out/convergence", help="folder for results.json and loss_curves.png")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.lr is None:
+        args.lr = DEFAULT_LR[args.optimizer]
+    if args.optimizer != "sgd" and args.momentum:
+        p.error("--momentum is SGD's; Adam keeps its own moments (betas 0.9, 0.999)")
+    return args
 
 
 def make_problem(seed: int, n: int = 16384, dim: int = 32, classes: int = 10, noise: float = 0.1):
@@ -66,8 +75,11 @@ def run_method(spec: str, args, x, y):
     rank, size = hvd.rank(), hvd.size()
     model = make_model(args.seed)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum),
-                                  model.named_parameters(), compression=hx.Compression.from_spec(spec))
+    if args.optimizer == "adam":
+        base = torch.optim.Adam(model.parameters(), lr=args.lr)
+    else:
+        base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = hx.DistributedOptimizer(base, model.named_parameters(), compression=hx.Compression.from_spec(spec))
     shard_x, shard_y = x[rank::size], y[rank::size]
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)
     curve = []
@@ -114,8 +126,8 @@ def worker(args) -> None:
         r["target"] = tgt
         r["meets_target"] = None if tgt is None or base is None else (ok and abs(r["rel_diff_vs_fp32"]) <= tgt)
     os.makedirs(args.out, exist_ok=True)
-    meta = {"workers": hvd.size(), "steps": args.steps, "batch_per_worker": args.batch, "lr": args.lr,
-            "seed": args.seed, "command": "python -m horovod_ext.bench.convergence " + " ".join(sys.argv[1:])}
+    meta = {"workers": hvd.size(), "steps": args.steps, "batch_per_worker": args.batch, "optimizer": args.optimizer,
+            "lr": args.lr, "momentum": args.momentum, "seed": args.seed, "command": "python -m horovod_ext.bench.convergence " + " ".join(sys.argv[1:])}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
     print("\n| method | final loss | vs fp32 | target | bits/element |\n|---|---|---|---|---|")

@@ -116,6 +116,9 @@ class Compressor:
     #: ``p.grad`` itself even when pipelining (no snapshot copy), because the codec has taken what
     #: it needs before the next backward can write ``p.grad``
     reads_input_later: bool = True
+    #: whether ``reduce`` writes its result into ``ctx.out`` when given one (the optimizer then hands
+    #: it p.grad, or, pipelining, a buffer kept per parameter and slot instead of a fresh tensor)
+    uses_out: bool = False
 
     def release(self, state: dict):
         """Take what error feedback held back out of ``state`` (None when nothing is held)."""

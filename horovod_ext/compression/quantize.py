@@ -55,6 +55,7 @@ NONFINITE_POLICIES = ("raise", "skip")
 
 class GlobalQSGD(Compressor):
     per_worker_averaged = ()
+    uses_out = True
     per_worker_fresh = ("dither_base", "rng")      # "rng": checkpoints written before the counter-based dither
 
     def __init__(self, bits: int = 8, seed: int | None = None, nonfinite: str = "raise", bucket: int = 512):
