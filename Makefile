@@ -17,6 +17,8 @@ demo: setup
 
 bench-convergence: setup
 	$(PY) -m horovod_ext.bench.convergence --out out/convergence
+	$(PY) -m horovod_ext.bench.convergence --momentum 0.9 --lr 0.05 --out out/convergence-momentum
+	$(PY) -m horovod_ext.bench.convergence --optimizer adam --out out/convergence-adam
 
 clean:
 	rm -rf out exp .pytest_cache

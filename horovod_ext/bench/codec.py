@@ -5,7 +5,10 @@
 
 Each codec reduces one gradient through its real code path (the same generator the optimizer
 drives) with Horovod running as a single worker, so the collectives are local copies; the codec's
-own timers (``ctx.compressing()`` / ``ctx.decompressing()``) split its work from them. Global-QSGD
+own timers (``ctx.compressing()`` / ``ctx.decompressing()``) split its work from them. As in the
+optimizer, a codec that can write its result into a given buffer gets one (``ctx.out``, reused
+from run to run, so no fresh 88 MB tensor's page faults are timed), and the codec's step hooks run
+between runs with a plain SGD parameter group (DEF keeps its steady-state state). Global-QSGD
 runs twice, on the native kernels and on the torch reference (``@reference``), when the native
 ones are available. GB/s counts the float32 gradient (4 bytes per element) per second. Reports the
 median over ``--repeat`` runs after one untimed run, and writes JSON.
@@ -41,18 +44,24 @@ def measure(spec: str, grad, repeat: int, reference: bool = False) -> dict:
     from horovod_ext.compression import ReduceContext
     from horovod_ext.reduction import Reduction, complete
 
+    import torch
     codec = hx.Compression.from_spec(spec)
     state: dict = {}
+    out = torch.empty_like(grad) if codec.uses_out else None
+    param = torch.zeros_like(grad)
+    group = {"lr": 0.01, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False}
     comp, decomp, comp_cpu, decomp_cpu = [], [], [], []
     for i in range(repeat + 1):
         comm = Communicator()
-        ctx = ReduceContext(name="bench", state=state, comm=comm, op=hvd.Average)
+        ctx = ReduceContext(name="bench", state=state, comm=comm, op=hvd.Average, param=param, out=out)
         x = grad.clone()
         if reference:
             with kernels.reference_only():
                 complete([Reduction(codec, x, ctx)])
         else:
             complete([Reduction(codec, x, ctx)])
+        codec.before_step(param, state, group)
+        codec.after_step(param, state, group)
         if i:                                       # the first run warms caches and allocators up
             comp.append(comm.stats.compress_s)
             decomp.append(comm.stats.decompress_s)

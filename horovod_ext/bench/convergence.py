@@ -1,12 +1,21 @@
 """Convergence benchmark: final training loss of each codec against fp32, same model, data and seed.
 
-    python -m horovod_ext.bench.convergence --out out/convergence          # 2 workers, all codecs
+    python -m horovod_ext.bench.convergence --out out/convergence          # 2 workers, all codecs, SGD
+    python -m horovod_ext.bench.convergence --momentum 0.9 --lr 0.05 --out out/convergence-momentum
+    python -m horovod_ext.bench.convergence --optimizer adam --out out/convergence-adam     # lr 5e-3
     python -m horovod_ext.bench.convergence --methods none,global_qsgd8 --steps 200
 
 One fixed small problem: a 3-layer MLP classifier on 16k synthetic examples labelled by a fixed
 random teacher network with 10% label noise (so the loss has a floor and relative differences are
-meaningful), plain SGD, every worker on its own shard. Rank 0 prints a table and writes
-``results.json`` and ``loss_curves.png``.
+meaningful), SGD (plain or with momentum) or Adam, every worker on its own shard. Rank 0 prints a
+table and writes ``results.json`` and ``loss_curves.png``.
+
+The final loss is that of rank 0's parameters as they are after the last step, on all 16k examples:
+with DEF (``random_block0.01``, ``topk0.01-def``) that is rank 0's own model x~ - coeff * D(e_0), not
+the synchronized x~. A row meets its target when its final loss is at most that much above fp32's
+(a lower loss than fp32's meets it). Adam's default lr, 5e-3, is the best fp32 final loss of
+1e-3, 2e-3, 3e-3, 5e-3 and 1e-2 (seed 0: 1.2559, 1.2114, 1.1884, 1.1760, 1.2086); SGD with
+momentum 0.9 uses lr 0.05, the plain-SGD lr 0.5 times (1 - momentum).
 """
 from __future__ import annotations
 
@@ -17,11 +26,13 @@ import os
 import sys
 import time
 
+#: most a codec's final loss may exceed fp32's, relative (the same with SGD, SGD momentum 0.9 and Adam)
 TARGETS = {"fp16": 0.005, "bf16": 0.005, "global_qsgd8": 0.01, "global_qsgd4": 0.03,
-           "topk0.01": 0.03, "topk0.01-imp": 0.03, "random_block0.01": None, "random_block0.01-ef": None}
+           "topk0.01": 0.03, "topk0.01-imp": 0.03, "topk0.01-def": 0.03, "random_block0.01": 0.03,
+           "random_block0.01-ef": None, "powersgd4": None}
 DEFAULT_LR = {"sgd": 0.5, "adam": 5e-3}
-DEFAULT_METHODS = ("none,fp16,bf16,global_qsgd8,global_qsgd4,topk0.01,topk0.01-imp,"
-                   "random_block0.01,random_block0.01-ef")
+DEFAULT_METHODS = ("none,fp16,bf16,global_qsgd8,global_qsgd4,topk0.01,topk0.01-imp,topk0.01-def,"
+                   "random_block0.01,random_block0.01-ef,powersgd4")
 
 
 def parse_args(argv=None):
@@ -66,6 +77,12 @@ def make_model(seed: int, dim: int = 32, classes: int = 10):
                                torch.nn.ReLU(), torch.nn.Linear(256, classes))
 
 
+def codec_from_spec(spec: str):
+    """``hx.Compression.from_spec`` (kept as a name: the benchmark's one way to build a codec)."""
+    import horovod_ext as hx
+    return hx.Compression.from_spec(spec)
+
+
 def run_method(spec: str, args, x, y):
     import torch
     import torch.nn.functional as F
@@ -79,7 +96,7 @@ def run_method(spec: str, args, x, y):
         base = torch.optim.Adam(model.parameters(), lr=args.lr)
     else:
         base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    opt = hx.DistributedOptimizer(base, model.named_parameters(), compression=hx.Compression.from_spec(spec))
+    opt = hx.DistributedOptimizer(base, model.named_parameters(), compression=codec_from_spec(spec))
     shard_x, shard_y = x[rank::size], y[rank::size]
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)
     curve = []
@@ -92,7 +109,7 @@ def run_method(spec: str, args, x, y):
         opt.step()
         curve.append(float(hvd.allreduce(loss.detach(), name=f"loss.{spec}", op=hvd.Average)))
     elapsed = time.perf_counter() - t0
-    # DEF evaluates the synchronized model; the others evaluate the parameters as they are.
+    # Every codec is evaluated at rank 0's parameters as they are (DEF: rank 0's own perturbed model).
     with torch.no_grad():
         final = F.cross_entropy(model(x), y).item()
     diverged = not math.isfinite(final)
@@ -114,7 +131,8 @@ def worker(args) -> None:
         res = run_method(spec, args, x, y)
         results.append(res)
         if hvd.rank() == 0:
-            print(f"[convergence] {spec:<22} final loss {res['final_loss']:.4f}  "
+            loss = "diverged" if res["diverged"] else f"{res['final_loss']:.4f}"
+            print(f"[convergence] {spec:<22} final loss {loss}  "
                   f"({res['seconds']:.1f} s, {res['bits_per_element']:.2f} bits/element)", flush=True)
     if hvd.rank() != 0:
         return
@@ -124,20 +142,31 @@ def worker(args) -> None:
         r["rel_diff_vs_fp32"] = (r["final_loss"] - base) / base if ok else None
         tgt = TARGETS.get(r["method"])
         r["target"] = tgt
-        r["meets_target"] = None if tgt is None or base is None else (ok and abs(r["rel_diff_vs_fp32"]) <= tgt)
+        r["meets_target"] = None if tgt is None or base is None else (ok and r["rel_diff_vs_fp32"] <= tgt)
     os.makedirs(args.out, exist_ok=True)
     meta = {"workers": hvd.size(), "steps": args.steps, "batch_per_worker": args.batch, "optimizer": args.optimizer,
-            "lr": args.lr, "momentum": args.momentum, "seed": args.seed, "command": "python -m horovod_ext.bench.convergence " + " ".join(sys.argv[1:])}
+            "lr": args.lr, "momentum": args.momentum, "seed": args.seed,
+            "command": "python -m horovod_ext.bench.convergence " + " ".join(sys.argv[1:])}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
-    print("\n| method | final loss | vs fp32 | target | bits/element |\n|---|---|---|---|---|")
+    print(f"\n{setting(meta)}\n\n| method | final loss | vs fp32 | target | bits/element |\n|---|---|---|---|---|")
     for r in results:
         rel = "" if r["rel_diff_vs_fp32"] is None else f"{100 * r['rel_diff_vs_fp32']:+.2f}%"
-        tgt = "" if r["target"] is None else (f"±{100 * r['target']:.1f}% " + ("ok" if r["meets_target"] else "MISSED"))
+        tgt = "" if r["target"] is None else (f"≤+{100 * r['target']:.1f}% " + ("ok" if r["meets_target"] else "MISSED"))
         loss = "diverged" if r["diverged"] else f"{r['final_loss']:.4f}"
         print(f"| {r['method']} | {loss} | {rel} | {tgt} | {r['bits_per_element']:.2f} |")
+    judged = [r for r in results if r["meets_target"] is not None]
+    if judged:
+        missed = [r["method"] for r in judged if not r["meets_target"]]
+        print(f"\ntargets: {len(judged) - len(missed)} of {len(judged)} met" + (f"; missed: {', '.join(missed)}" if missed else ""))
     plot(results, os.path.join(args.out, "loss_curves.png"), meta)
     print(f"\nwrote {args.out}/results.json and {args.out}/loss_curves.png")
+
+
+def setting(meta) -> str:
+    opt = (f"Adam lr {meta['lr']:g}" if meta["optimizer"] == "adam"
+           else f"SGD lr {meta['lr']:g}" + (f" momentum {meta['momentum']:g}" if meta["momentum"] else ""))
+    return f"{opt}, {meta['steps']} steps, {meta['workers']} workers x batch {meta['batch_per_worker']}, seed {meta['seed']}"
 
 
 def plot(results, path, meta) -> None:
@@ -157,7 +186,7 @@ def plot(results, path, meta) -> None:
         ax.set_ylim(0.9 * min(finite), 1.1 * max(finite))
     ax.set_xlabel("step")
     ax.set_ylabel(f"training loss (moving average of {w})")
-    ax.set_title(f"Convergence per codec: {meta['workers']} workers, batch {meta['batch_per_worker']}/worker")
+    ax.set_title(f"Convergence per codec: {setting(meta)}", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
