@@ -12,8 +12,8 @@ the same collectives for a tensor):
 
 The decision must come out the same in repeated runs on the same machine, so the cost is measured
 the way a busy machine disturbs least: the codec's CPU time on its own thread (a preempted thread,
-or one waiting for the GIL, accrues none), per step, the median over the measured steps, and the
-slowest worker's (one Max allreduce, so every worker decides alike). The margin keeps a codec whose
+or one waiting for the GIL, accrues none), per step, the lowest over the measured steps (cache and
+memory-bandwidth interference only ever add to it), and the slowest worker's (one Max allreduce, so every worker decides alike). The margin keeps a codec whose
 cost is near the break-even point off, where a small shift would otherwise flip the decision.
 """
 from __future__ import annotations

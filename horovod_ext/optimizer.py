@@ -402,11 +402,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._decide_adaptive()
 
     def _decide_adaptive(self) -> None:
-        """Agree on the codec's cost per element (the median over measured steps of its CPU time, the
-        slowest worker's) and apply the cost rule."""
+        """Agree on the codec's cost per element (the lowest over the measured steps of its CPU time:
+        interference only ever adds to it; the slowest worker's) and apply the cost rule."""
         st = self._ledger.measured
-        costs = sorted(self._ledger.step_costs) or [0.0]
-        local = costs[len(costs) // 2]
+        local = min(self._ledger.step_costs, default=0.0)
         agreed = float(hvd.allreduce(torch.tensor([local], dtype=torch.float64), name="hx.adaptive.cost",
                                      op=hvd.Max, process_set=self.process_set)[0])
         self.adaptive.decide(agreed, st.bits_per_element, self.process_set.size())

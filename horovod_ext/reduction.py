@@ -62,10 +62,12 @@ class Reduction:
 class Driver:
     """A background thread that advances reductions as their collectives finish.
 
-    The training thread runs each codec's first phase (compress, enqueue) from the backward hook and
-    hands the reduction over; this thread waits on Horovod handles (Horovod waits without the GIL),
-    decompresses and issues later phases, round-robin, so communication and codec work of step t
-    proceed while the training thread computes backward (and, with pipelining, step t+1).
+    The training thread hands each reduction over from the backward hook (pipelining: after running
+    the codec's first phase itself); this thread starts the ones not started yet (compress, enqueue),
+    polls the Horovod handles of the others and advances those whose collective has finished
+    (decompress, next phase), so communication and codec work of step t proceed while the training
+    thread computes backward (and, with pipelining, step t+1). It never blocks on one handle while
+    another reduction could be started or advanced.
     """
 
     def __init__(self):
@@ -80,20 +82,35 @@ class Driver:
             self._cond.notify_all()
 
     def _run(self) -> None:
+        # One pass over the queue at a time: start every reduction not yet started (its first phase,
+        # the compression), and advance every one whose collective has finished; never block on one
+        # handle while another reduction could be started or advanced. With nothing to do, sleep on
+        # the condition with a short, growing timeout (a submit wakes it): no spinning.
+        delay = 5e-5
         while True:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
-                red = self._queue.popleft()
-            try:
-                if not red.done:
+                batch = list(self._queue)
+            progressed = False
+            for red in batch:
+                if red.done:
+                    continue
+                try:
+                    if red.started and not hvd.poll(red.handle):
+                        continue
                     red.step()
-            except BaseException as err:   # surfaced in the training thread by wait()
-                red.error, red.done = err, True
+                except BaseException as err:   # surfaced in the training thread by wait()
+                    red.error, red.done = err, True
+                progressed = True
             with self._cond:
-                if not red.done:
-                    self._queue.append(red)
+                self._queue = collections.deque(r for r in self._queue if not r.done)
                 self._cond.notify_all()
+                if progressed:
+                    delay = 5e-5
+                else:
+                    self._cond.wait(timeout=delay)
+                    delay = min(2 * delay, 2e-3)
 
     def wait(self, reductions) -> None:
         """Block until every reduction is done; re-raise the first error a codec or Horovod raised."""

@@ -73,7 +73,7 @@ class Ledger:
 
     def __init__(self):
         self.step, self.last, self.total, self.measured = CommStats(), CommStats(), CommStats(), CommStats()
-        #: per measured step: codec CPU seconds per compressed element (the adaptive rule takes the median)
+        #: per measured step: codec CPU seconds per compressed element (the adaptive rule takes the lowest)
         self.step_costs: list[float] = []
 
     def end_step(self, count_step: bool, measured: bool) -> None:
