@@ -28,7 +28,8 @@ ranks' zeros are neutral too. Works on any process set (rank and size are the pr
 Non-finite values: a worker whose gradient holds NaN/Inf raises the flag in the header; the Max
 makes it global, and every worker returns a NaN-filled result and sets ``ctx.nonfinite`` (the
 optimizer applies its policy, see ``nonfinite``; the codec itself neither raises nor skips). The
-codec's state (its dither counter) is not advanced then. Devices: every tensor is made on the
+codec's dither counter advances all the same (it is drawn when the reduction starts), identically
+on every worker. Devices: every tensor is made on the
 gradient's device; the host reads the header once per tensor (flag, largest and smallest scale, in
 one transfer), which the control flow needs.
 
@@ -99,6 +100,10 @@ class GlobalQSGD(Compressor):
         size = flat.numel()
         dev = flat.device
         bucket = self.bucket if 0 < self.bucket < size else max(size, 1)
+        # The draw is taken in the first phase (in the order the reductions start, on one thread), not
+        # when the payload is encoded: with pipelining two reductions of a tensor are in flight, and their
+        # scale allreduces may finish in either order; a resumed run must draw as the uninterrupted one.
+        key = self._dither_key(ctx)
         with ctx.compressing():
             amax = kernels.bucket_amax(flat, bucket) if size else torch.zeros(1, dtype=torch.float32, device=dev)
             finite = torch.isfinite(amax)
@@ -124,7 +129,7 @@ class GlobalQSGD(Compressor):
         s = scales.to(work)
         s = torch.where(s > 0, s, 1.0)  # an all-zero bucket quantizes to zeros whatever its scale
         with ctx.compressing():
-            payload = kernels.encode(flat, bucket, m / s, m, self.bits, self._dither_key(ctx), extra_words=1)
+            payload = kernels.encode(flat, bucket, m / s, m, self.bits, key, extra_words=1)
             payload[-1] = 1                      # counts the contributing workers (see the module docstring)
         total = yield ctx.comm.allreduce_(payload, name=ctx.op_name("q"), op=hvd.Sum)
         with ctx.decompressing():
