@@ -157,11 +157,11 @@ def test_labels():
 
 
 def test_benchmark_builds_topk_def():
-    from horovod_ext.bench.convergence import codec_from_spec
-    c = codec_from_spec("topk0.01-imp-def-c0.5")
+    from horovod_ext import Compression
+    c = Compression.from_spec("topk0.01-imp-def-c0.5")
     assert isinstance(c, TopK) and c.detached and c.importance and c.coeff == 0.5
     with pytest.raises(ValueError):
-        codec_from_spec("topk0.01-bogus")
+        Compression.from_spec("topk0.01-bogus")
 
 
 @pytest.mark.parametrize("kind", list(CODECS))

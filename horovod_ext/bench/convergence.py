@@ -77,12 +77,6 @@ def make_model(seed: int, dim: int = 32, classes: int = 10):
                                torch.nn.ReLU(), torch.nn.Linear(256, classes))
 
 
-def codec_from_spec(spec: str):
-    """``hx.Compression.from_spec`` (kept as a name: the benchmark's one way to build a codec)."""
-    import horovod_ext as hx
-    return hx.Compression.from_spec(spec)
-
-
 def run_method(spec: str, args, x, y):
     import torch
     import torch.nn.functional as F
@@ -96,7 +90,7 @@ def run_method(spec: str, args, x, y):
         base = torch.optim.Adam(model.parameters(), lr=args.lr)
     else:
         base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    opt = hx.DistributedOptimizer(base, model.named_parameters(), compression=codec_from_spec(spec))
+    opt = hx.DistributedOptimizer(base, model.named_parameters(), compression=hx.Compression.from_spec(spec))
     shard_x, shard_y = x[rank::size], y[rank::size]
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)
     curve = []
