@@ -546,8 +546,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "last": self._ledger.last.as_dict(), "total": self._ledger.total.as_dict()}
 
     def codec_state(self, name: str) -> dict:
-        """The codec's persistent state for one parameter name (e.g. its error-feedback residual)."""
-        return self._codec_state[name]
+        """The codec's persistent state for one parameter name (e.g. its error-feedback residual): a new
+        dict of the entries a checkpoint keeps (not a codec's scratch buffers, keys starting with ``_``)."""
+        return {k: v for k, v in self._codec_state[name].items() if not k.startswith("_")}
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,

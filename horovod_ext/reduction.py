@@ -12,6 +12,7 @@ import warnings
 import horovod.torch as hvd
 import torch
 
+from .finite import all_finite
 from .communicator import Communicator
 from .compression import Compression, Compressor, NonFiniteGradientError, ReduceContext
 
@@ -120,17 +121,6 @@ class Driver:
         for r in reds:
             if r.error is not None:
                 raise r.error
-
-
-def all_finite(result) -> torch.Tensor:
-    """0-dim bool tensor: no NaN/Inf in ``result`` (a tensor, a sparse tensor or a list of them)."""
-    if isinstance(result, (list, tuple)):
-        flags = [all_finite(r) for r in result]
-        return torch.stack([f.to(flags[0].device) for f in flags]).all() if flags else torch.tensor(True)
-    values = result._values() if result.is_sparse else result
-    if not values.dtype.is_floating_point:
-        return torch.ones((), dtype=torch.bool, device=values.device)
-    return torch.isfinite(values).all()
 
 
 def complete(reductions) -> None:

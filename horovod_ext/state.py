@@ -1,7 +1,7 @@
 """Codec state in checkpoints: what survives a resume, and how it moves to another worker count.
 
 A codec keeps per-parameter state (``ctx.state``): error-feedback residuals, DEF's synchronized
-copy of the model, a dither stream, PowerSGD's Q, step counters. Part of it is per worker (residuals, dither), so a
+copy of the model, a dither stream, PowerSGD's Q, step counters (and scratch buffers, keys starting with ``_``, never saved). Part of it is per worker (residuals, dither), so a
 checkpoint that resumes exactly must hold every worker's share. Three forms:
 
 * ``local``: one worker's state, what ``optimizer.state_dict()`` carries under ``"horovod_ext"``.
@@ -50,8 +50,11 @@ def _from_saved(value, device: torch.device):
 
 
 def save_codec_states(states: dict[str, dict]) -> dict[str, dict]:
-    """Per-name codec state -> a picklable, ``weights_only``-loadable copy."""
-    return {name: {k: _to_saved(v, f"{name!r}[{k!r}]") for k, v in st.items()} for name, st in states.items()}
+    """Per-name codec state -> a picklable, ``weights_only``-loadable copy. Keys starting with ``_``
+    are a codec's scratch buffers (kept between steps only to avoid fresh allocations) and are not
+    saved."""
+    return {name: {k: _to_saved(v, f"{name!r}[{k!r}]") for k, v in st.items() if not k.startswith("_")}
+            for name, st in states.items()}
 
 
 def load_codec_states(saved: dict[str, dict], devices: dict[str, torch.device]) -> dict[str, dict]:

@@ -94,20 +94,27 @@ def test_sampled_selection_is_torch_topk_set(n, ratio, seed):
                 assert torch.equal(torch.sort(idx).values, torch.sort(ref.indices).values), (tag, method)
 
 
-def test_auto_samples_only_where_it_pays():
+def test_auto_samples_only_where_it_pays(monkeypatch):
     big, small = torch.rand(1 << 20), torch.rand(1000)
     calls = []
-    real = torch.nonzero
-    try:
-        torch.nonzero = lambda *a, **kw: calls.append(1) or real(*a, **kw)
-        topk_indices(big, 10_000)                  # sampled: k >= 4096, k and the sample <= n / 16
-        assert calls
-        calls.clear()
-        for score, k in ((big, 100), (big, (1 << 20) // 8), (small, 10)):
-            topk_indices(score, k)
-        assert not calls
-    finally:
-        torch.nonzero = real
+    real = sparsify._at_or_above
+    monkeypatch.setattr(sparsify, "_at_or_above", lambda *a: calls.append(1) or real(*a))
+    topk_indices(big, 10_000)                  # sampled: k >= 4096, k and the sample <= n / 16
+    assert calls
+    calls.clear()
+    for score, k in ((big, 100), (big, (1 << 20) // 8), (small, 10)):
+        topk_indices(score, k)
+    assert not calls
+
+
+def test_candidates_are_the_same_with_numpy_and_torch():
+    g = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.float64, torch.float16):
+        score = torch.randn(50_000, generator=g).abs().to(dtype)
+        t = score[17]
+        want = torch.nonzero(score >= t).squeeze(1)
+        assert torch.equal(sparsify._at_or_above(score, t), want)
+        assert torch.equal(sparsify._at_or_above(score[::2], t), torch.nonzero(score[::2] >= t).squeeze(1))
 
 
 def test_too_few_candidates_falls_back_to_the_full_topk(monkeypatch):
