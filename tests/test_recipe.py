@@ -177,6 +177,50 @@ def test_train_under_horovodrun_with_compression_and_pipelining(corpus, tmp_path
     assert list((corpus / "rir_cache").glob("room-*.pt"))
 
 
+def _can_emulate_hosts() -> bool:
+    import shutil
+    return os.geteuid() == 0 and bool(shutil.which("ip")) and bool(shutil.which("tc"))
+
+
+@pytest.mark.skipif(not _can_emulate_hosts(), reason="emulated hosts need root and iproute2 (ip, tc)")
+def test_run_sh_across_two_emulated_hosts_gives_the_localhost_losses(corpus, tmp_path):
+    """Issue 18: recipes/bfa/run.sh launches training with horovodrun across 2 namespace hosts with
+    1 Gbit/s links (`hx-bench hosts up 2`, no localhost slots), Global-QSGD 8-bit + pipelining, and
+    every step's loss equals the localhost run's (fusion off, as in the resume test)."""
+    from horovod_ext.bench import hosts
+    state = tmp_path / "hosts"
+    info = hosts.up(2, "1gbit", state_dir=str(state))
+    try:
+        assert info["hosts"] == "198.18.1.2:1,198.18.1.3:1"
+        data = [f"data.train={corpus / 'train.jsonl'}", f"data.dev={corpus / 'few.jsonl'}",
+                f"data.tokenizer={corpus / 'tok' / 'tokenizer.model'}",
+                f"data.stats={corpus / 'stats' / 'feature_stats.json'}", "train.log_every=1", "train.epochs=1",
+                "train.batch_seconds=8", "train.compression=global_qsgd8", "train.pipeline=true",
+                "augment.enabled=false", "data.dev_subset=2", "train.loader_workers=1"]
+        env = dict(os.environ, HX_VENV=sys.prefix, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
+                   HOROVOD_FUSION_THRESHOLD="0")
+
+        def run(exp, *where, path=None):
+            cmd = ["bash", str(ROOT / "recipes" / "bfa" / "run.sh"), "--stage", "2", "--stop-stage", "2",
+                   "--conf", str(CONF), "--workers", "2", *where, "--exp", str(exp), "--", *data]
+            e = dict(env, PATH=f"{path}:{env['PATH']}") if path else env
+            proc = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            return proc
+
+        local, remote = tmp_path / "local", tmp_path / "hosts_run"
+        run(local)
+        proc = run(remote, "--hosts", info["hosts"], "--network-interface", info["interface"], path=info["ssh_dir"])
+        assert "198.18.1.2:1,198.18.1.3:1" in proc.stdout
+        start = next(r for r in log_records(remote) if r["event"] == "start")
+        assert start["workers"] == 2 and start["compression"] == "global_qsgd8" and start["pipeline"]
+        steps = lambda run_dir: [(r["step"], r["loss"]) for r in log_records(run_dir) if r["event"] == "step"]
+        assert len(steps(remote)) >= 3 and steps(remote) == steps(local)
+    finally:
+        hosts.down(state_dir=str(state))
+    assert hosts.status(state_dir=str(state)) is None
+
+
 def test_time_budget_stops_before_an_epoch_that_would_overrun(corpus, tmp_path):
     run = tmp_path / "budget"
     train(overrides(corpus, run, train__epochs=5, train__max_minutes=0.0001, data__dev_subset=2))

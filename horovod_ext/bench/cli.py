@@ -4,6 +4,8 @@
     hx-bench --workers 2 --bandwidth 100mbit,1gbit,10gbit --json OUT.json      # one run, three links
     hx-bench convergence [...]                                                 # final loss per codec
     hx-bench codec [--numel 22000000]                       # compress/decompress s and GB/s per codec, one thread
+    hx-bench hosts up 2 --bandwidth 1gbit                   # emulated hosts for any horovodrun job (see --help)
+    hx-bench predict RUN.json [RUN.json ...]                # cost model: fit, per-point error, 2-1024 workers
 
 For each bandwidth it creates one Linux network namespace per worker, joined by veth pairs to a
 bridge and shaped with tc (tbf) in both directions, launches the workers there with horovodrun,
@@ -186,6 +188,12 @@ def main(argv=None) -> int:
     if argv and argv[0] == "codec":
         from .codec import main as codec
         return codec(argv[1:])
+    if argv and argv[0] == "hosts":
+        from .hosts import main as hosts
+        return hosts(argv[1:])
+    if argv and argv[0] == "predict":
+        from .predict import main as predict
+        return predict(argv[1:])
     args = parse_args(argv)
     args.methods = args.methods or default_methods()
     settings = ["comm-bound", "compute-bound"] if args.setting == "both" else [args.setting]

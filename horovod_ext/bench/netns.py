@@ -60,18 +60,25 @@ def netem_available() -> bool:
 
 
 class ShapedNetwork:
-    def __init__(self, workers: int, bandwidth: str = "1gbit", latency_ms: float = 0.0):
+    """``workers`` namespaces on one shaped bridge. ``prefix`` names the namespaces (prefix0, ...),
+    ``iface`` both the bridge in the root namespace and each namespace's interface (horovodrun's
+    ``--network-interface``: the launcher and the workers must see the same name), ``subnet`` the
+    /24 they live in; two networks with different values coexist (hx-bench's and ``hx-bench hosts``')."""
+
+    def __init__(self, workers: int, bandwidth: str = "1gbit", latency_ms: float = 0.0,
+                 prefix: str = NS_PREFIX, iface: str = IFACE, subnet: str = SUBNET):
         self.workers = workers
         self.bandwidth = bandwidth
         self.rate_bps = parse_rate(bandwidth)
         self.latency_ms = latency_ms
+        self.prefix, self.iface, self.subnet = prefix, iface, subnet
         self._up = False
 
     def namespace(self, i: int) -> str:
-        return f"{NS_PREFIX}{i}"
+        return f"{self.prefix}{i}"
 
     def address(self, i: int) -> str:
-        return f"{SUBNET}.{i + 2}"
+        return f"{self.subnet}.{i + 2}"
 
     @property
     def hosts(self) -> str:
@@ -89,7 +96,8 @@ class ShapedNetwork:
         else:
             _run(f"{pre}tc qdisc replace dev {dev} root handle 1: {tbf}")
 
-    def up(self) -> "ShapedNetwork":
+    def up(self, persist: bool = False) -> "ShapedNetwork":
+        """Build the network. Unless ``persist``, it is deleted again at exit and on SIGINT/SIGTERM."""
         check_privileges()
         if self.latency_ms > 0 and not netem_available():
             raise RuntimeError("added latency needs the netem qdisc (kernel module sch_netem), which this kernel "
@@ -100,6 +108,8 @@ class ShapedNetwork:
         except BaseException:
             self.down()
             raise
+        if persist:
+            return self
         atexit.register(self.down)
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous = signal.getsignal(sig)
@@ -114,11 +124,12 @@ class ShapedNetwork:
 
     def _build(self) -> None:
         host = socket.gethostname()
-        _run(f"ip link add {IFACE} type bridge")
-        _run(f"ip addr add {SUBNET}.1/24 dev {IFACE}")
-        _run(f"ip link set {IFACE} up")
+        iface = self.iface
+        _run(f"ip link add {iface} type bridge")
+        _run(f"ip addr add {self.subnet}.1/24 dev {iface}")
+        _run(f"ip link set {iface} up")
         for i in range(self.workers):
-            ns, host_end, ns_end = self.namespace(i), f"hxv{i}", f"hxp{i}"
+            ns, host_end, ns_end = self.namespace(i), f"{self.prefix[:8]}v{i}", f"{self.prefix[:8]}p{i}"
             _run(f"ip netns add {ns}")
             # Horovod 0.28.1 creates the Gloo device of a process set without HOROVOD_GLOO_IFACE, from
             # the address the host name resolves to; `ip netns exec` shows /etc/netns/NS/hosts as
@@ -129,13 +140,13 @@ class ShapedNetwork:
             _run(f"ip netns exec {ns} ip link set lo up")
             _run(f"ip link add {host_end} type veth peer name {ns_end}")
             _run(f"ip link set {ns_end} netns {ns}")
-            _run(f"ip netns exec {ns} ip link set {ns_end} name {IFACE}")
-            _run(f"ip netns exec {ns} ip addr add {self.address(i)}/24 dev {IFACE}")
-            _run(f"ip netns exec {ns} ip link set {IFACE} up")
-            _run(f"ip link set {host_end} master {IFACE}")
+            _run(f"ip netns exec {ns} ip link set {ns_end} name {iface}")
+            _run(f"ip netns exec {ns} ip addr add {self.address(i)}/24 dev {iface}")
+            _run(f"ip netns exec {ns} ip link set {iface} up")
+            _run(f"ip link set {host_end} master {iface}")
             _run(f"ip link set {host_end} up")
             self._shape(host_end, None)           # towards the worker
-            self._shape(IFACE, ns)                # from the worker
+            self._shape(iface, ns)                # from the worker
         self._up = True
 
     def down(self) -> None:
@@ -143,13 +154,13 @@ class ShapedNetwork:
         listed = _run("ip netns list", check=False).stdout
         for line in listed.splitlines():
             name = line.split()[0] if line.strip() else ""
-            if name.startswith(NS_PREFIX):
+            if re.fullmatch(rf"{re.escape(self.prefix)}\d+", name):
                 _run(f"ip netns del {name}", check=False)
         for name in (os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []):
-            if name.startswith(NS_PREFIX):
+            if re.fullmatch(rf"{re.escape(self.prefix)}\d+", name):
                 shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
-        if _run(f"ip link show {IFACE}", check=False).returncode == 0:
-            _run(f"ip link del {IFACE}", check=False)
+        if _run(f"ip link show {self.iface}", check=False).returncode == 0:
+            _run(f"ip link del {self.iface}", check=False)
         self._up = False
 
     def __enter__(self):
@@ -159,12 +170,15 @@ class ShapedNetwork:
         self.down()
 
 
-def write_ssh_shim(network: ShapedNetwork) -> str:
-    """A folder holding an ``ssh`` that runs commands in the namespace owning the host address.
+def write_ssh_shim(network: ShapedNetwork, folder: str | None = None) -> str:
+    """A folder (``folder``, or a new temporary one) holding an ``ssh`` that runs commands in the
+    namespace owning the host address.
 
     horovodrun launches workers on non-local hosts with ``ssh [-o OPT]... HOST [-p P] [-i F] CMD``;
     the shim maps HOST to its namespace and runs CMD there with bash, as sshd would."""
-    folder = tempfile.mkdtemp(prefix="hx-ssh-")
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix="hx-ssh-")
+    os.makedirs(folder, exist_ok=True)
     table = " ".join(f"[{network.address(i)}]={network.namespace(i)}" for i in range(network.workers))
     script = f"""#!/usr/bin/env bash
 # ssh stand-in for hx-bench: run the command inside the network namespace of the host address.

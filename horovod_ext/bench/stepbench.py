@@ -160,12 +160,17 @@ def main(argv=None) -> None:
             rec["adaptive"] = hx_opt.comm_stats()["adaptive"]
             rec.update(bytes_per_step=st["bytes_handed"] / k, wire_bytes_per_step=cs.wire_bytes(n) / k,
                        bits_per_element=st["bits_per_element"], codec_s=(st["compress_s"] + st["decompress_s"]) / k,
-                       wait_s=st["wait_s"] / k)
+                       compress_s=st["compress_s"] / k, decompress_s=st["decompress_s"] / k,
+                       compress_cpu_s=st["compress_cpu_s"] / k, decompress_cpu_s=st["decompress_cpu_s"] / k,
+                       bytes_allreduce_per_step=st["bytes_allreduce"] / k,
+                       bytes_allgather_per_step=st["bytes_allgather"] / k,
+                       bytes_alltoall_per_step=st["bytes_alltoall"] / k,
+                       collectives_per_step=st["collectives"] / k, wait_s=st["wait_s"] / k)
             wire_s = rec["wire_bytes_per_step"] * 8 / args.bandwidth_bps if args.bandwidth_bps else 0.0
             rec["wire_s"] = wire_s
             rec["limit_s"] = max(compute, wire_s)
         else:
-            rec["bytes_per_step"] = nbytes
+            rec["bytes_per_step"] = rec["bytes_allreduce_per_step"] = nbytes
             wire = 2 * (n - 1) / n * nbytes
             rec["wire_bytes_per_step"] = wire
             rec["wire_s"] = wire * 8 / args.bandwidth_bps if args.bandwidth_bps else None

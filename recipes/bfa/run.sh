@@ -10,7 +10,8 @@
 #                fused into the joint search (RUN/final_<set>.json)
 #
 # Usage: recipes/bfa/run.sh [--stage N] [--stop-stage N] [--conf recipes/bfa/conf/cpu-small.yaml]
-#          [--size tiny|small|full] [--limit N] [--workers 2] [--hosts localhost:2] [--exp exp/NAME]
+#          [--size tiny|small|full] [--limit N] [--workers 2] [--hosts localhost:2] [--network-interface IFACE]
+#          [--exp exp/NAME]
 #          [--vocab 500] [--seed 0] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight W (default: decode.joint_lm_weight)]
 #          [--eval-limit N (stage 3: the per-epoch curves on the first N utterances of each test set)]
 #          [--elastic MIN:MAX --discovery SCRIPT [--cooldown LOW:HIGH]]
@@ -20,13 +21,16 @@
 # edit it while the job runs) and keeps going between MIN and MAX workers as hosts fail, leave or join
 # (hvd.elastic.run; state committed every train.commit_every steps). A failed host is blacklisted for
 # good unless --cooldown LOW:HIGH (seconds) lets it come back. Give each worker its own host name.
+# Across hosts (stage 2): --hosts node1:1,node2:1 --network-interface eth0 (horovodrun reaches the hosts by
+# ssh; the corpus path must be the same on every host). On one machine, `hx-bench hosts up 2` makes emulated
+# hosts with shaped links (see the README, "Across hosts").
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VENV=${HX_VENV:-$ROOT/.venv}
 PATH="$VENV/bin:$PATH"
 
 stage=0; stop_stage=3; conf=$ROOT/recipes/bfa/conf/cpu-small.yaml; size=small; limit=""
-workers=2; hosts=""; exp=""; vocab=500; seed=0; overrides=(); elastic=""; discovery=""; cooldown=""
+workers=2; hosts=""; iface=""; exp=""; vocab=500; seed=0; overrides=(); elastic=""; discovery=""; cooldown=""
 lm_extra=60000; lm_minutes=8; lm_weight=""; eval_limit=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,6 +41,7 @@ while [ $# -gt 0 ]; do
     --limit) limit=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --hosts) hosts=$2; shift 2 ;;
+    --network-interface) iface=$2; shift 2 ;;
     --exp) exp=$2; shift 2 ;;
     --vocab) vocab=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
@@ -47,7 +52,7 @@ while [ $# -gt 0 ]; do
     --elastic) elastic=$2; shift 2 ;;
     --discovery) discovery=$2; shift 2 ;;
     --cooldown) cooldown=$2; shift 2 ;;
-    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,26p "$0"; exit 0 ;;
     --) shift; overrides=("$@"); break ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -64,6 +69,7 @@ if [ -n "$elastic" ]; then
 else
   launch=(horovodrun -np "$workers" -H "$hosts")
 fi
+[ -z "$iface" ] || launch+=(--network-interface "$iface")
 corpus=$ROOT/exp/corpus_${size}${limit:+_$limit}_seed$seed
 exp=${exp:-$ROOT/exp/bfa_$(basename "$conf" .yaml)_${size}${limit:+_$limit}}
 log() { printf '\n[run.sh] %s  %s\n' "$(date +%H:%M:%S)" "$*"; }

@@ -1,0 +1,282 @@
+"""hx-bench predict: an alpha-beta cost model of a training step, fitted to hx-bench runs, checked
+point by point, and used to predict scaling from 2 to 1024 workers.
+
+    hx-bench --workers 3 --bandwidth 100mbit,1gbit,10gbit --no-adaptive --json out/w3.json   # measure
+    hx-bench predict out/w2.json out/w3.json out/w4.json --json out/predict.json            # fit, check, predict
+
+The model of one step of a method at n workers on links of B bit/s (each worker's full-duplex link):
+
+* compute C (s): measured alone (hx-bench's ``compute_only`` at that point);
+* codec K (s): the method's compress + decompress seconds per step, measured at that point;
+* wire bytes one worker sends per step, by the textbook cost of each collective: ring allreduce
+  2(n-1)/n of the payload, allgather (n-1) times each worker's payload (top-k), and the bf16
+  two-phase transport (alltoall reduce-scatter + allgather) 2(n-1)/n of its payload;
+* T_comm = wire * 8 / (eta * B) + hops * alpha + rho * (fp16 elements summed): eta is the share of
+  the link rate the transport reaches, alpha the latency of one ring hop (2(n-1) hops per
+  allreduce, n-1 per allgather, counted once per phase of a codec: Global-QSGD and PowerSGD have
+  two dependent phases), rho the CPU cost per element of a float16 sum (Gloo sums float16 one
+  element at a time on the CPU; 0 on GPUs, where NCCL sums natively);
+* without pipelining the collectives overlap backward: step = C + K + max(0, T_comm - omega * C);
+  pipelined (step t's reduction runs during step t+1): step = max(C + K, T_comm).
+
+eta, alpha, rho and omega are fitted to every measured point at once (least squares on the relative
+error, scipy), and the prediction error is reported per point. Predictions then take a stated
+compute time and model size, the fitted constants (or given ones), and each codec's bytes per
+element; Global-QSGD with b bits needs n <= 2**(b-1) - 1 workers (the lane width; 8-bit: 127), past
+which the table says so. Scaling efficiency is C / step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+#: fitted constants: (name, initial value, lower bound, upper bound)
+PARAMS = (("eta", 0.8, 0.05, 1.5), ("alpha_s", 5e-5, 0.0, 5e-3), ("rho_fp16_s", 1e-8, 0.0, 1e-6),
+          ("omega", 0.5, 0.0, 1.0))
+
+
+def phases(method: str) -> int:
+    """Dependent collective phases per step (each pays its own latency)."""
+    return 2 if any(k in method for k in ("global_qsgd", "powersgd")) else 1
+
+
+def pipelined(method: str) -> bool:
+    return method.endswith("+pipe")
+
+
+def fp16_transport(method: str) -> bool:
+    """Methods whose payload Gloo sums as float16 (Horovod's Compression.fp16 and our fp16 cast)."""
+    return method in ("hvd_fp16", "hx_fp16", "hx_fp16+pipe")
+
+
+def payload(rec: dict) -> tuple[float, float]:
+    """(allreduce-like bytes, allgather bytes) one worker hands over per step, independent of n."""
+    n = rec["workers"]
+    ar = rec.get("bytes_allreduce_per_step", rec.get("bytes_per_step", 0.0)) or 0.0
+    ag = rec.get("bytes_allgather_per_step", 0.0) or 0.0
+    a2a = rec.get("bytes_alltoall_per_step", 0.0) or 0.0
+    if a2a:
+        # bf16 two-phase: alltoall sends (n-1)/n of the payload, the allgather hands 1/n of it
+        full = a2a * n / max(n - 1, 1)
+        return ar + full, 0.0
+    return ar, ag
+
+
+def wire_bytes(ar: float, ag: float, n: int) -> float:
+    return 2 * (n - 1) / n * ar + (n - 1) * ag
+
+
+def hops(method: str, ar: float, ag: float, n: int) -> float:
+    per_phase = (2 * (n - 1) if ar else 0) + ((n - 1) if ag else 0)
+    return phases(method) * per_phase
+
+
+def step_time(p: dict, method: str, n: int, bps: float, compute: float, codec: float, ar: float, ag: float,
+              elements: float) -> float:
+    t_comm = wire_bytes(ar, ag, n) * 8 / (p["eta"] * bps) + hops(method, ar, ag, n) * p["alpha_s"]
+    if fp16_transport(method):
+        t_comm += p["rho_fp16_s"] * elements
+    if pipelined(method):
+        return max(compute + codec, t_comm)
+    return compute + codec + max(0.0, t_comm - p["omega"] * compute)
+
+
+def points(records: list[dict]) -> list[dict]:
+    """The measured points the model is checked on: every method record with a link rate."""
+    out = []
+    for r in records:
+        if r["method"] == "compute_only" or not r.get("bandwidth_bps"):
+            continue
+        ar, ag = payload(r)
+        out.append({"method": r["method"], "workers": r["workers"], "bandwidth": r["bandwidth"],
+                    "bps": r["bandwidth_bps"], "compute_s": r["compute_s"], "codec_s": r.get("codec_s") or 0.0,
+                    "ar": ar, "ag": ag, "elements": r["parameters"], "measured_s": r["median_step_s"]})
+    return out
+
+
+def predicted(p: dict, pt: dict) -> float:
+    return step_time(p, pt["method"], pt["workers"], pt["bps"], pt["compute_s"], pt["codec_s"], pt["ar"], pt["ag"],
+                     pt["elements"])
+
+
+def fit(pts: list[dict]) -> dict:
+    """Least-squares fit of the constants to the relative error of every point."""
+    try:
+        from scipy.optimize import least_squares
+    except ImportError:
+        sys.exit("hx-bench predict needs scipy (pip install scipy; `make setup` installs it)")
+    names = [n for n, *_ in PARAMS]
+    scale = [abs(v) or 1.0 for _, v, _, _ in PARAMS]
+
+    def residuals(x):
+        p = {k: v * s for k, v, s in zip(names, x, scale)}
+        return [predicted(p, pt) / pt["measured_s"] - 1.0 for pt in pts]
+
+    x0 = [1.0] * len(PARAMS)
+    lo = [b / s for (_, _, b, _), s in zip(PARAMS, scale)]
+    hi = [b / s for (_, _, _, b), s in zip(PARAMS, scale)]
+    res = least_squares(residuals, x0, bounds=(lo, hi))
+    return {k: float(v * s) for k, v, s in zip(names, res.x, scale)}
+
+
+def check(p: dict, pts: list[dict]) -> list[dict]:
+    rows = []
+    for pt in pts:
+        pred = predicted(p, pt)
+        rows.append({"method": pt["method"], "workers": pt["workers"], "bandwidth": pt["bandwidth"],
+                     "measured_s": pt["measured_s"], "predicted_s": pred,
+                     "error": pred / pt["measured_s"] - 1.0})
+    return rows
+
+
+# ---- predictions ---------------------------------------------------------------------------------------
+#: (method, bytes per gradient element on the wire per worker, allgather? , Global-QSGD bits or None)
+PREDICT_METHODS = (
+    ("hvd_fp32", 4.0, False, None), ("hvd_fp16", 2.0, False, None), ("hx_bf16", 2.0, False, None),
+    ("hx_global_qsgd8", 1.0, False, 8), ("hx_global_qsgd8+pipe", 1.0, False, 8),
+    ("hx_global_qsgd4", 0.5, False, 4), ("hx_topk0.01", 0.08, True, None),
+    ("hx_random_block0.01", 0.04, False, None), ("hx_powersgd4", None, False, None),
+    ("hx_powersgd4+pipe", None, False, None),
+)
+
+
+def predict_table(p: dict, params: float, compute_s: float, codec_s_per_element: dict, powersgd_bytes: float,
+                  workers=(2, 8, 32, 128, 512, 1024), gbps=(10, 25, 100), gpu: bool = False) -> list[dict]:
+    """Scaling efficiency C / step per method, worker count and link rate. ``gpu``: NCCL sums float16
+    natively (rho = 0)."""
+    q = dict(p, rho_fp16_s=0.0) if gpu else p
+    rows = []
+    for method, per_el, gather, bits in PREDICT_METHODS:
+        nbytes = powersgd_bytes if per_el is None else per_el * params
+        ar, ag = (0.0, nbytes) if gather else (nbytes, 0.0)
+        codec = codec_s_per_element.get(method.split("+")[0], 0.0) * params
+        for g in gbps:
+            row = {"method": method, "gbps": g, "efficiency": {}}
+            for n in workers:
+                if bits is not None and n > (1 << (bits - 1)) - 1:
+                    row["efficiency"][n] = None          # lanes too narrow for n workers
+                    continue
+                step = step_time(q, method, n, g * 1e9, compute_s, codec, ar, ag, params)
+                row["efficiency"][n] = compute_s / step
+            rows.append(row)
+    return rows
+
+
+def codec_costs(records: list[dict]) -> dict:
+    """Codec seconds per gradient element, per codec (the median over the measured 2-worker points)."""
+    per = {}
+    for r in records:
+        if r["method"].startswith("hx_") and r["workers"] == 2 and r.get("codec_s") is not None:
+            per.setdefault(r["method"].split("+")[0], []).append(r["codec_s"] / r["parameters"])
+    return {k: sorted(v)[len(v) // 2] for k, v in per.items()}
+
+
+def powersgd_payload(records: list[dict]) -> float | None:
+    for r in records:
+        if r["method"].startswith("hx_powersgd"):
+            return payload(r)[0]
+    return None
+
+
+def format_check(rows: list[dict]) -> str:
+    lines = ["| method | workers | link | measured s | predicted s | error |", "|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["method"], r["workers"], r["bandwidth"])):
+        lines.append(f"| {r['method']} | {r['workers']} | {r['bandwidth']} | {r['measured_s']:.3f} | "
+                     f"{r['predicted_s']:.3f} | {100 * r['error']:+.1f}% |")
+    return "\n".join(lines)
+
+
+def format_predictions(rows: list[dict]) -> str:
+    workers = list(rows[0]["efficiency"]) if rows else []
+    lines = ["| method | link | " + " | ".join(f"n={n}" for n in workers) + " |",
+             "|---|---|" + "---|" * len(workers)]
+    for r in rows:
+        cells = ["lanes" if v is None else f"{100 * v:.0f}%" for v in r["efficiency"].values()]
+        lines.append(f"| {r['method']} | {r['gbps']} Gbit/s | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    links = sorted({r["gbps"] for r in rows})
+    fig, axes = plt.subplots(1, len(links), figsize=(5 * len(links), 4), sharey=True)
+    axes = [axes] if len(links) == 1 else axes
+    for ax, g in zip(axes, links):
+        for r in (r for r in rows if r["gbps"] == g):
+            xs = [n for n, v in r["efficiency"].items() if v is not None]
+            ax.plot(xs, [100 * r["efficiency"][n] for n in xs], marker="o", label=r["method"])
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{g} Gbit/s")
+        ax.set_xlabel("workers")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("scaling efficiency, % (compute / step)")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="hx-bench predict", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="hx-bench JSON files (best made with --no-adaptive: each codec's own speed)")
+    p.add_argument("--params", type=float, default=None,
+                   help="model size for the predictions (default: the measured model's)")
+    p.add_argument("--compute-s", type=float, default=None,
+                   help="compute seconds per step for the predictions (default: the measured 2-worker compute)")
+    p.add_argument("--codec-scale", type=float, default=1.0,
+                   help="multiply the measured codec seconds per element (e.g. for a faster device)")
+    p.add_argument("--gpu", action="store_true", help="predict for NCCL: float16 sums cost nothing extra")
+    p.add_argument("--label", default="", help="title of the prediction table and plot")
+    p.add_argument("--json", default="out/hx-bench-predict.json", help="output JSON")
+    p.add_argument("--plot", default=None, help="output PNG (default: the JSON path with .png)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    records = []
+    for path in args.runs:
+        with open(path) as f:
+            records += json.load(f)["records"]
+    pts = points(records)
+    if not pts:
+        print("hx-bench predict: no measured points with a link rate in the given runs", file=sys.stderr)
+        return 2
+    p = fit(pts)
+    rows = check(p, pts)
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    print("fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in p.items()))
+    print(format_check(rows))
+    print(f"worst: {100 * worst['error']:+.1f}% ({worst['method']}, {worst['workers']} workers, {worst['bandwidth']}); "
+          f"mean |error| {100 * sum(abs(r['error']) for r in rows) / len(rows):.1f}% over {len(rows)} points")
+    two = [r for r in records if r["method"] == "compute_only" and r["workers"] == 2]
+    params = args.params or records[0]["parameters"]
+    compute = args.compute_s or (two[0]["compute_s"] if two else pts[0]["compute_s"])
+    costs = {k: v * args.codec_scale for k, v in codec_costs(records).items()}
+    psgd = powersgd_payload(records) or 0.0
+    psgd *= params / records[0]["parameters"]
+    pred = predict_table(p, params, compute, costs, psgd, gpu=args.gpu)
+    label = args.label or f"{params / 1e6:.1f}M parameters, compute {compute:.3f} s/step"
+    print(f"\nscaling efficiency (compute / step), {label}:")
+    print(format_predictions(pred))
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"command": "hx-bench predict " + " ".join(sys.argv[1:] if argv is None else argv),
+                   "fitted": p, "check": rows, "worst_error": worst["error"], "params": params,
+                   "compute_s": compute, "codec_s_per_element": costs, "gpu": args.gpu,
+                   "predictions": [dict(r, efficiency={str(k): v for k, v in r["efficiency"].items()}) for r in pred]},
+                  f, indent=1)
+    plot(pred, args.plot or os.path.splitext(args.json)[0] + ".png", label)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
