@@ -5,7 +5,7 @@ import pytest
 
 from horovod_ext.bench import predict as P
 
-TRUE = {"eta": 0.7, "alpha_s": 2e-4, "rho_fp16_s": 2e-8, "omega": 0.6}
+TRUE = {"eta": 0.7, "eta_alltoall": 0.4, "alpha_s": 2e-4, "rho_fp16_s": 2e-8, "omega": 0.6}
 
 
 def synthetic_records():
@@ -25,8 +25,8 @@ def synthetic_records():
                 rec = {"method": method, "workers": n, "bandwidth": bw, "bandwidth_bps": bps, "compute_s": compute,
                        "parameters": params, "codec_s": codec, "bytes_allreduce_per_step": ar,
                        "bytes_allgather_per_step": ag, "bytes_alltoall_per_step": a2a}
-                a, g = P.payload(rec)
-                rec["median_step_s"] = P.step_time(TRUE, method, n, bps, compute, codec, a, g, params)
+                a, g, tp = P.payload(rec)
+                rec["median_step_s"] = P.step_time(TRUE, method, n, bps, compute, codec, a, g, params, tp)
                 recs.append(rec)
     return recs
 
@@ -38,6 +38,7 @@ def test_fit_recovers_the_constants_and_checks_every_point():
     rows = P.check(fitted, pts)
     assert max(abs(r["error"]) for r in rows) < 1e-3
     assert fitted["eta"] == pytest.approx(TRUE["eta"], rel=1e-2)
+    assert fitted["eta_alltoall"] == pytest.approx(TRUE["eta_alltoall"], rel=2e-2)
     assert fitted["rho_fp16_s"] == pytest.approx(TRUE["rho_fp16_s"], rel=5e-2)
 
 
@@ -46,7 +47,8 @@ def test_wire_bytes_follow_each_collective():
     assert P.wire_bytes(0.0, 10.0, 5) == 40.0                   # allgather: (n-1) payloads
     bf16 = {"workers": 4, "bytes_allreduce_per_step": 0, "bytes_alltoall_per_step": 75.0,
             "bytes_allgather_per_step": 25.0}
-    assert P.payload(bf16) == (100.0, 0.0)                       # the full bf16 payload, ring-like
+    assert P.payload(bf16) == (0.0, 0.0, 100.0)                  # the full bf16 payload, two-phase
+    assert P.wire_bytes(0.0, 0.0, 4, 100.0) == 150.0             # alltoall 3/4 + allgather 3/4
     assert P.hops("hx_global_qsgd8", 1.0, 0.0, 4) == 12 and P.hops("hvd_fp32", 1.0, 0.0, 4) == 6
 
 
@@ -69,3 +71,9 @@ def test_predictions_mark_where_global_qsgd_lanes_run_out(tmp_path):
     assert P.main([str(runs), "--json", str(out)]) == 0
     saved = json.loads(out.read_text())
     assert abs(saved["worst_error"]) < 1e-3 and (tmp_path / "predict.png").exists()
+
+
+def test_hierarchical_design_counts_nodes_against_the_lanes():
+    rows = P.hierarchical_table(TRUE, 22e6, 0.3, 0.01, node_size=8, node_gbps=2400, workers=(8, 1016, 1024), gbps=(25,))
+    eff = rows[0]["efficiency"]
+    assert eff[8] > 0 and eff[1016] > 0 and eff[1024] is None     # 127 nodes fit 8-bit lanes, 128 do not

@@ -12,7 +12,8 @@ The model of one step of a method at n workers on links of B bit/s (each worker'
   2(n-1)/n of the payload, allgather (n-1) times each worker's payload (top-k), and the bf16
   two-phase transport (alltoall reduce-scatter + allgather) 2(n-1)/n of its payload;
 * T_comm = wire * 8 / (eta * B) + hops * alpha + rho * (fp16 elements summed): eta is the share of
-  the link rate the transport reaches, alpha the latency of one ring hop (2(n-1) hops per
+  the link rate the transport reaches (eta_alltoall for the bf16 transport's alltoall, which Gloo
+  runs at its own rate), alpha the latency of one ring hop (2(n-1) hops per
   allreduce, n-1 per allgather, counted once per phase of a codec: Global-QSGD and PowerSGD have
   two dependent phases), rho the CPU cost per element of a float16 sum (Gloo sums float16 one
   element at a time on the CPU; 0 on GPUs, where NCCL sums natively);
@@ -34,8 +35,8 @@ import os
 import sys
 
 #: fitted constants: (name, initial value, lower bound, upper bound)
-PARAMS = (("eta", 0.8, 0.05, 1.5), ("alpha_s", 5e-5, 0.0, 5e-3), ("rho_fp16_s", 1e-8, 0.0, 1e-6),
-          ("omega", 0.5, 0.0, 1.0))
+PARAMS = (("eta", 0.8, 0.05, 1.5), ("eta_alltoall", 0.8, 0.05, 1.5), ("alpha_s", 5e-5, 0.0, 5e-3),
+          ("rho_fp16_s", 1e-8, 0.0, 1e-6), ("omega", 0.5, 0.0, 1.0))
 
 
 def phases(method: str) -> int:
@@ -52,33 +53,41 @@ def fp16_transport(method: str) -> bool:
     return method in ("hvd_fp16", "hx_fp16", "hx_fp16+pipe")
 
 
-def payload(rec: dict) -> tuple[float, float]:
-    """(allreduce-like bytes, allgather bytes) one worker hands over per step, independent of n."""
+def payload(rec: dict) -> tuple[float, float, float]:
+    """What one worker hands over per step, as n-independent payloads: (allreduce bytes, allgather
+    bytes per worker (top-k), two-phase bytes (bf16: the whole payload, of which an alltoall sends
+    (n-1)/n and an allgather hands 1/n))."""
     n = rec["workers"]
     ar = rec.get("bytes_allreduce_per_step", rec.get("bytes_per_step", 0.0)) or 0.0
     ag = rec.get("bytes_allgather_per_step", 0.0) or 0.0
     a2a = rec.get("bytes_alltoall_per_step", 0.0) or 0.0
     if a2a:
-        # bf16 two-phase: alltoall sends (n-1)/n of the payload, the allgather hands 1/n of it
-        full = a2a * n / max(n - 1, 1)
-        return ar + full, 0.0
-    return ar, ag
+        return ar, 0.0, a2a * n / max(n - 1, 1)
+    return ar, ag, 0.0
 
 
-def wire_bytes(ar: float, ag: float, n: int) -> float:
-    return 2 * (n - 1) / n * ar + (n - 1) * ag
+def wire_bytes(ar: float, ag: float, n: int, tp: float = 0.0) -> float:
+    """Bytes one worker sends per step (ring allreduce, allgather, two-phase), as CommStats counts them."""
+    return 2 * (n - 1) / n * ar + (n - 1) * ag + 2 * (n - 1) / n * tp
 
 
-def hops(method: str, ar: float, ag: float, n: int) -> float:
+def hops(method: str, ar: float, ag: float, n: int, tp: float = 0.0) -> float:
     per_phase = (2 * (n - 1) if ar else 0) + ((n - 1) if ag else 0)
-    return phases(method) * per_phase
+    return phases(method) * per_phase + (2 * (n - 1) if tp else 0)
+
+
+def comm_time(p: dict, method: str, n: int, bps: float, ar: float, ag: float, tp: float, elements: float) -> float:
+    t = (2 * (n - 1) / n * ar + (n - 1) * ag + (n - 1) / n * tp) * 8 / (p["eta"] * bps)
+    t += (n - 1) / n * tp * 8 / (p["eta_alltoall"] * bps)          # the two-phase transport's alltoall
+    t += hops(method, ar, ag, n, tp) * p["alpha_s"]
+    if fp16_transport(method):
+        t += p["rho_fp16_s"] * elements
+    return t
 
 
 def step_time(p: dict, method: str, n: int, bps: float, compute: float, codec: float, ar: float, ag: float,
-              elements: float) -> float:
-    t_comm = wire_bytes(ar, ag, n) * 8 / (p["eta"] * bps) + hops(method, ar, ag, n) * p["alpha_s"]
-    if fp16_transport(method):
-        t_comm += p["rho_fp16_s"] * elements
+              elements: float, tp: float = 0.0) -> float:
+    t_comm = comm_time(p, method, n, bps, ar, ag, tp, elements)
     if pipelined(method):
         return max(compute + codec, t_comm)
     return compute + codec + max(0.0, t_comm - p["omega"] * compute)
@@ -90,16 +99,16 @@ def points(records: list[dict]) -> list[dict]:
     for r in records:
         if r["method"] == "compute_only" or not r.get("bandwidth_bps"):
             continue
-        ar, ag = payload(r)
+        ar, ag, tp = payload(r)
         out.append({"method": r["method"], "workers": r["workers"], "bandwidth": r["bandwidth"],
                     "bps": r["bandwidth_bps"], "compute_s": r["compute_s"], "codec_s": r.get("codec_s") or 0.0,
-                    "ar": ar, "ag": ag, "elements": r["parameters"], "measured_s": r["median_step_s"]})
+                    "ar": ar, "ag": ag, "tp": tp, "elements": r["parameters"], "measured_s": r["median_step_s"]})
     return out
 
 
 def predicted(p: dict, pt: dict) -> float:
     return step_time(p, pt["method"], pt["workers"], pt["bps"], pt["compute_s"], pt["codec_s"], pt["ar"], pt["ag"],
-                     pt["elements"])
+                     pt["elements"], pt["tp"])
 
 
 def fit(pts: list[dict]) -> dict:
@@ -133,13 +142,14 @@ def check(p: dict, pts: list[dict]) -> list[dict]:
 
 
 # ---- predictions ---------------------------------------------------------------------------------------
-#: (method, bytes per gradient element on the wire per worker, allgather? , Global-QSGD bits or None)
+#: (method, payload bytes per gradient element, transport: "allreduce" | "allgather" | "two-phase",
+#: Global-QSGD bits or None); PowerSGD's payload comes from the measured runs
 PREDICT_METHODS = (
-    ("hvd_fp32", 4.0, False, None), ("hvd_fp16", 2.0, False, None), ("hx_bf16", 2.0, False, None),
-    ("hx_global_qsgd8", 1.0, False, 8), ("hx_global_qsgd8+pipe", 1.0, False, 8),
-    ("hx_global_qsgd4", 0.5, False, 4), ("hx_topk0.01", 0.08, True, None),
-    ("hx_random_block0.01", 0.04, False, None), ("hx_powersgd4", None, False, None),
-    ("hx_powersgd4+pipe", None, False, None),
+    ("hvd_fp32", 4.0, "allreduce", None), ("hvd_fp16", 2.0, "allreduce", None), ("hx_bf16", 2.0, "two-phase", None),
+    ("hx_global_qsgd8", 1.0, "allreduce", 8), ("hx_global_qsgd8+pipe", 1.0, "allreduce", 8),
+    ("hx_global_qsgd4", 0.5, "allreduce", 4), ("hx_topk0.01", 0.08, "allgather", None),
+    ("hx_random_block0.01", 0.04, "allreduce", None), ("hx_powersgd4", None, "allreduce", None),
+    ("hx_powersgd4+pipe", None, "allreduce", None),
 )
 
 
@@ -149,9 +159,11 @@ def predict_table(p: dict, params: float, compute_s: float, codec_s_per_element:
     natively (rho = 0)."""
     q = dict(p, rho_fp16_s=0.0) if gpu else p
     rows = []
-    for method, per_el, gather, bits in PREDICT_METHODS:
+    for method, per_el, transport, bits in PREDICT_METHODS:
         nbytes = powersgd_bytes if per_el is None else per_el * params
-        ar, ag = (0.0, nbytes) if gather else (nbytes, 0.0)
+        ar = nbytes if transport == "allreduce" else 0.0
+        ag = nbytes if transport == "allgather" else 0.0
+        tp = nbytes if transport == "two-phase" else 0.0
         codec = codec_s_per_element.get(method.split("+")[0], 0.0) * params
         for g in gbps:
             row = {"method": method, "gbps": g, "efficiency": {}}
@@ -159,9 +171,36 @@ def predict_table(p: dict, params: float, compute_s: float, codec_s_per_element:
                 if bits is not None and n > (1 << (bits - 1)) - 1:
                     row["efficiency"][n] = None          # lanes too narrow for n workers
                     continue
-                step = step_time(q, method, n, g * 1e9, compute_s, codec, ar, ag, params)
+                step = step_time(q, method, n, g * 1e9, compute_s, codec, ar, ag, params, tp)
                 row["efficiency"][n] = compute_s / step
             rows.append(row)
+    return rows
+
+
+def hierarchical_table(p: dict, params: float, compute_s: float, codec_s: float, node_size: int, node_gbps: float,
+                       workers=(8, 32, 128, 512, 1024), gbps=(10, 25, 100), bits: int = 8) -> list[dict]:
+    """A design on paper, not implemented: fp32 inside a node, Global-QSGD between nodes. Per step,
+    a reduce-scatter of the fp32 gradient over the node's ``node_size`` workers (links of
+    ``node_gbps``), a ring allreduce across the n / node_size nodes of each worker's 1/node_size shard
+    quantized to ``bits`` bits (on the inter-node links, one per worker), an allgather inside the
+    node; pipelined like ``+pipe``. The lanes must hold the node count, not the worker count. Rows:
+    the hierarchical design and, for comparison, flat Global-QSGD and flat fp32 on the same links."""
+    q = dict(p, rho_fp16_s=0.0)
+    rows = []
+    for g in gbps:
+        row = {"method": f"hier fp32 x{node_size} + qsgd{bits}", "gbps": g, "efficiency": {}}
+        for n in workers:
+            nodes = max(n // node_size, 1)
+            if nodes > (1 << (bits - 1)) - 1:
+                row["efficiency"][n] = None
+                continue
+            inside = 2 * (node_size - 1) / node_size * 4 * params * 8 / (q["eta"] * node_gbps * 1e9)
+            inside += 2 * (node_size - 1) * q["alpha_s"]
+            shard = params / node_size * bits / 8
+            across = wire_bytes(shard, 0.0, nodes) * 8 / (q["eta"] * g * 1e9) + 2 * 2 * (nodes - 1) * q["alpha_s"]
+            step = max(compute_s + codec_s / node_size, inside + across)
+            row["efficiency"][n] = compute_s / step
+        rows.append(row)
     return rows
 
 
@@ -233,6 +272,10 @@ def parse_args(argv):
     p.add_argument("--codec-scale", type=float, default=1.0,
                    help="multiply the measured codec seconds per element (e.g. for a faster device)")
     p.add_argument("--gpu", action="store_true", help="predict for NCCL: float16 sums cost nothing extra")
+    p.add_argument("--node-size", type=int, default=8,
+                   help="workers per node for the hierarchical design on paper (default 8; 0: leave it out)")
+    p.add_argument("--node-gbps", type=float, default=2400.0,
+                   help="link rate inside a node for the hierarchical design, Gbit/s (default 2400, NVLink-class)")
     p.add_argument("--label", default="", help="title of the prediction table and plot")
     p.add_argument("--json", default="out/hx-bench-predict.json", help="output JSON")
     p.add_argument("--plot", default=None, help="output PNG (default: the JSON path with .png)")
@@ -266,12 +309,21 @@ def main(argv=None) -> int:
     label = args.label or f"{params / 1e6:.1f}M parameters, compute {compute:.3f} s/step"
     print(f"\nscaling efficiency (compute / step), {label}:")
     print(format_predictions(pred))
+    hier = []
+    if args.node_size > 1:
+        hier = hierarchical_table(p, params, compute, costs.get("hx_global_qsgd8", 0.0) * params, args.node_size,
+                                  args.node_gbps)
+        print(f"\nhierarchical design on paper (fp32 inside nodes of {args.node_size} at {args.node_gbps:g} Gbit/s, "
+              f"Global-QSGD 8-bit between nodes, pipelined):")
+        print(format_predictions(hier))
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"command": "hx-bench predict " + " ".join(sys.argv[1:] if argv is None else argv),
                    "fitted": p, "check": rows, "worst_error": worst["error"], "params": params,
                    "compute_s": compute, "codec_s_per_element": costs, "gpu": args.gpu,
-                   "predictions": [dict(r, efficiency={str(k): v for k, v in r["efficiency"].items()}) for r in pred]},
+                   "predictions": [dict(r, efficiency={str(k): v for k, v in r["efficiency"].items()}) for r in pred],
+                   "hierarchical": [dict(r, efficiency={str(k): v for k, v in r["efficiency"].items()}) for r in hier],
+                   "node_size": args.node_size, "node_gbps": args.node_gbps},
                   f, indent=1)
     plot(pred, args.plot or os.path.splitext(args.json)[0] + ".png", label)
     print(f"wrote {args.json}")

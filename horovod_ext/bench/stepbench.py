@@ -97,11 +97,14 @@ def make_optimizer(method: str, model, lr: float, hvd, hx, powersgd_rank: int, l
     raise ValueError(f"unknown method {method!r}")
 
 
-def time_steps(model, opt, make_batch, loss_fn, steps: int, warmup: int, seed: int):
+def time_steps(model, opt, make_batch, loss_fn, steps: int, warmup: int, seed: int, on_warm=None):
+    """Step times after ``warmup`` untimed steps; ``on_warm()`` is called when the timed steps start."""
     g = torch.Generator().manual_seed(seed)
     batches = [make_batch(g) for _ in range(4)]
     times = []
     for i in range(warmup + steps):
+        if i == warmup and on_warm is not None:
+            on_warm()
         x, y = batches[i % len(batches)]
         t0 = time.perf_counter()
         opt.zero_grad()      # Horovod's optimizer takes no set_to_none (None is torch's default anyway)
@@ -149,12 +152,17 @@ def main(argv=None) -> None:
                                                    link_gbps=args.bandwidth_bps / 1e9 or None,
                                                    measure_steps=max(1, args.warmup - 2),
                                                    cost_rule=not args.no_adaptive)
-        times = time_steps(call, opt, make_batch, loss_fn, args.steps, args.warmup, seed=rank)
+        warm = {}
+        # codec figures over the timed steps only (the first steps allocate buffers and state)
+        on_warm = (lambda: warm.update(hx_opt.comm_stats()["total"])) if hx_opt is not None else None
+        times = time_steps(call, opt, make_batch, loss_fn, args.steps, args.warmup, seed=rank, on_warm=on_warm)
         step = float(hvd.allreduce(torch.tensor(statistics.median(times)), name=f"t.{method}", op=hvd.Max))
         rec = dict(base, method=method, median_step_s=step, step_times_s=times,
                    exposed_comm_s=max(step - compute, 0.0), comm_fraction=max(step - compute, 0.0) / step)
         if hx_opt is not None:
-            st = hx_opt.comm_stats()["total"]
+            end = hx_opt.comm_stats()["total"]
+            st = {f: end[f] - warm.get(f, 0) for f in CommStats.__dataclass_fields__}
+            st["bits_per_element"] = end["bits_per_element"]
             k = max(st["steps"], 1)
             cs = CommStats(**{f: st[f] for f in CommStats.__dataclass_fields__})
             rec["adaptive"] = hx_opt.comm_stats()["adaptive"]
