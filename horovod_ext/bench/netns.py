@@ -161,6 +161,11 @@ class ShapedNetwork:
                 shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
         if _run(f"ip link show {self.iface}", check=False).returncode == 0:
             _run(f"ip link del {self.iface}", check=False)
+        # host ends of veth pairs whose namespace was never made or already gone (a run killed mid-build)
+        for line in _run("ip -o link show", check=False).stdout.splitlines():
+            name = line.split(":")[1].strip().split("@")[0] if line.count(":") >= 2 else ""
+            if re.fullmatch(rf"{re.escape(self.prefix[:8])}v\d+", name):
+                _run(f"ip link del {name}", check=False)
         self._up = False
 
     def __enter__(self):

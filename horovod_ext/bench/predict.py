@@ -272,6 +272,9 @@ def parse_args(argv):
     p.add_argument("--codec-scale", type=float, default=1.0,
                    help="multiply the measured codec seconds per element (e.g. for a faster device)")
     p.add_argument("--gpu", action="store_true", help="predict for NCCL: float16 sums cost nothing extra")
+    p.add_argument("--alpha-us", type=float, default=None,
+                   help="latency per ring hop for the predictions, microseconds (default: the fitted value, which on "
+                        "an oversubscribed host also absorbs CPU contention)")
     p.add_argument("--node-size", type=int, default=8,
                    help="workers per node for the hierarchical design on paper (default 8; 0: leave it out)")
     p.add_argument("--node-gbps", type=float, default=2400.0,
@@ -305,13 +308,14 @@ def main(argv=None) -> int:
     costs = {k: v * args.codec_scale for k, v in codec_costs(records).items()}
     psgd = powersgd_payload(records) or 0.0
     psgd *= params / records[0]["parameters"]
-    pred = predict_table(p, params, compute, costs, psgd, gpu=args.gpu)
+    pp = dict(p, alpha_s=args.alpha_us * 1e-6) if args.alpha_us is not None else p
+    pred = predict_table(pp, params, compute, costs, psgd, gpu=args.gpu)
     label = args.label or f"{params / 1e6:.1f}M parameters, compute {compute:.3f} s/step"
     print(f"\nscaling efficiency (compute / step), {label}:")
     print(format_predictions(pred))
     hier = []
     if args.node_size > 1:
-        hier = hierarchical_table(p, params, compute, costs.get("hx_global_qsgd8", 0.0) * params, args.node_size,
+        hier = hierarchical_table(pp, params, compute, costs.get("hx_global_qsgd8", 0.0) * params, args.node_size,
                                   args.node_gbps)
         print(f"\nhierarchical design on paper (fp32 inside nodes of {args.node_size} at {args.node_gbps:g} Gbit/s, "
               f"Global-QSGD 8-bit between nodes, pipelined):")
@@ -321,6 +325,7 @@ def main(argv=None) -> int:
         json.dump({"command": "hx-bench predict " + " ".join(sys.argv[1:] if argv is None else argv),
                    "fitted": p, "check": rows, "worst_error": worst["error"], "params": params,
                    "compute_s": compute, "codec_s_per_element": costs, "gpu": args.gpu,
+                   "prediction_constants": pp,
                    "predictions": [dict(r, efficiency={str(k): v for k, v in r["efficiency"].items()}) for r in pred],
                    "hierarchical": [dict(r, efficiency={str(k): v for k, v in r["efficiency"].items()}) for r in hier],
                    "node_size": args.node_size, "node_gbps": args.node_gbps},

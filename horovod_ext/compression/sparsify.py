@@ -174,7 +174,7 @@ def _sample_positions(n: int, m: int, device) -> torch.Tensor:
 def _at_or_above(score: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
     """Indices (int64) of the entries of the 1-D CPU ``score`` at or above ``threshold``. NumPy's
     compare and ``flatnonzero`` take about 0.8 ms for 2M float32 elements against 3-4 ms for torch's
-    ``nonzero(score >= t)`` on one core here (scripts/topk_select_bench.py); other dtypes use torch."""
+    ``nonzero(score >= t)`` on one core here (docs/benchmarks.md, codec figures); other dtypes use torch."""
     if score.dtype in (torch.float32, torch.float64) and score.is_contiguous():
         arr = score.detach().numpy()
         return torch.from_numpy(np.flatnonzero(arr >= arr.dtype.type(threshold.item())))
