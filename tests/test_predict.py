@@ -23,6 +23,7 @@ def synthetic_records():
                                                ("hx_topk0.01", 0, 8e4, 0, 0.02),
                                                ("hx_bf16", 0, 2e6 / n, 2e6 * (n - 1) / n, 0.004)):
                 rec = {"method": method, "workers": n, "bandwidth": bw, "bandwidth_bps": bps, "compute_s": compute,
+                       "host_cores": 64,
                        "parameters": params, "codec_s": codec, "bytes_allreduce_per_step": ar,
                        "bytes_allgather_per_step": ag, "bytes_alltoall_per_step": a2a}
                 a, g, tp = P.payload(rec)
@@ -77,3 +78,11 @@ def test_hierarchical_design_counts_nodes_against_the_lanes():
     rows = P.hierarchical_table(TRUE, 22e6, 0.3, 0.01, node_size=8, node_gbps=2400, workers=(8, 1016, 1024), gbps=(25,))
     eff = rows[0]["efficiency"]
     assert eff[8] > 0 and eff[1016] > 0 and eff[1024] is None     # 127 nodes fit 8-bit lanes, 128 do not
+
+
+def test_oversubscribed_workers_slow_the_float16_sum():
+    p = dict(TRUE, alpha_s=0.0)
+    full = P.comm_time(p, "hvd_fp16", 4, 1e12, 2e6, 0.0, 0.0, 1e6, share=1.0)
+    half = P.comm_time(p, "hvd_fp16", 4, 1e12, 2e6, 0.0, 0.0, 1e6, share=0.5)
+    wire = P.comm_time(p, "hvd_fp32", 4, 1e12, 2e6, 0.0, 0.0, 1e6, share=0.5)
+    assert half - wire == pytest.approx(2 * (full - wire))

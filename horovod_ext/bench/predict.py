@@ -11,7 +11,8 @@ The model of one step of a method at n workers on links of B bit/s (each worker'
 * wire bytes one worker sends per step, by the textbook cost of each collective: ring allreduce
   2(n-1)/n of the payload, allgather (n-1) times each worker's payload (top-k), and the bf16
   two-phase transport (alltoall reduce-scatter + allgather) 2(n-1)/n of its payload;
-* T_comm = wire * 8 / (eta * B) + hops * alpha + rho * (fp16 elements summed): eta is the share of
+* T_comm = wire * 8 / (eta * B) + hops * alpha + rho * (fp16 elements summed, slowed by the share of a
+  core each worker had where workers outnumbered the measuring host's cores): eta is the share of
   the link rate the transport reaches (eta_alltoall for the bf16 transport's alltoall, which Gloo
   runs at its own rate), alpha the latency of one ring hop (2(n-1) hops per
   allreduce, n-1 per allgather, counted once per phase of a codec: Global-QSGD and PowerSGD have
@@ -76,25 +77,29 @@ def hops(method: str, ar: float, ag: float, n: int, tp: float = 0.0) -> float:
     return phases(method) * per_phase + (2 * (n - 1) if tp else 0)
 
 
-def comm_time(p: dict, method: str, n: int, bps: float, ar: float, ag: float, tp: float, elements: float) -> float:
+def comm_time(p: dict, method: str, n: int, bps: float, ar: float, ag: float, tp: float, elements: float,
+              share: float = 1.0) -> float:
+    """``share``: cores per worker process below 1 (more workers than cores on the measuring host)
+    slows the CPU-bound float16 sum by 1 / share."""
     t = (2 * (n - 1) / n * ar + (n - 1) * ag + (n - 1) / n * tp) * 8 / (p["eta"] * bps)
     t += (n - 1) / n * tp * 8 / (p["eta_alltoall"] * bps)          # the two-phase transport's alltoall
     t += hops(method, ar, ag, n, tp) * p["alpha_s"]
     if fp16_transport(method):
-        t += p["rho_fp16_s"] * elements
+        t += p["rho_fp16_s"] * 2 * (n - 1) / n * elements / min(share, 1.0)   # each worker sums 2(n-1)/n of them
     return t
 
 
 def step_time(p: dict, method: str, n: int, bps: float, compute: float, codec: float, ar: float, ag: float,
-              elements: float, tp: float = 0.0) -> float:
-    t_comm = comm_time(p, method, n, bps, ar, ag, tp, elements)
+              elements: float, tp: float = 0.0, share: float = 1.0) -> float:
+    t_comm = comm_time(p, method, n, bps, ar, ag, tp, elements, share)
     if pipelined(method):
         return max(compute + codec, t_comm)
     return compute + codec + max(0.0, t_comm - p["omega"] * compute)
 
 
-def points(records: list[dict]) -> list[dict]:
-    """The measured points the model is checked on: every method record with a link rate."""
+def points(records: list[dict], cores: int = 2) -> list[dict]:
+    """The measured points the model is checked on: every method record with a link rate (``cores``:
+    the measuring host's, where a record does not say)."""
     out = []
     for r in records:
         if r["method"] == "compute_only" or not r.get("bandwidth_bps"):
@@ -102,13 +107,14 @@ def points(records: list[dict]) -> list[dict]:
         ar, ag, tp = payload(r)
         out.append({"method": r["method"], "workers": r["workers"], "bandwidth": r["bandwidth"],
                     "bps": r["bandwidth_bps"], "compute_s": r["compute_s"], "codec_s": r.get("codec_s") or 0.0,
-                    "ar": ar, "ag": ag, "tp": tp, "elements": r["parameters"], "measured_s": r["median_step_s"]})
+                    "ar": ar, "ag": ag, "tp": tp, "elements": r["parameters"], "measured_s": r["median_step_s"],
+                    "share": r.get("host_cores", cores) / r["workers"]})
     return out
 
 
 def predicted(p: dict, pt: dict) -> float:
     return step_time(p, pt["method"], pt["workers"], pt["bps"], pt["compute_s"], pt["codec_s"], pt["ar"], pt["ag"],
-                     pt["elements"], pt["tp"])
+                     pt["elements"], pt["tp"], pt.get("share", 1.0))
 
 
 def fit(pts: list[dict]) -> dict:
@@ -272,6 +278,8 @@ def parse_args(argv):
     p.add_argument("--codec-scale", type=float, default=1.0,
                    help="multiply the measured codec seconds per element (e.g. for a faster device)")
     p.add_argument("--gpu", action="store_true", help="predict for NCCL: float16 sums cost nothing extra")
+    p.add_argument("--cores", type=int, default=os.cpu_count(),
+                   help="cores of the host the runs were measured on, where a run does not record it (default: this host's)")
     p.add_argument("--alpha-us", type=float, default=None,
                    help="latency per ring hop for the predictions, microseconds (default: the fitted value, which on "
                         "an oversubscribed host also absorbs CPU contention)")
@@ -291,7 +299,7 @@ def main(argv=None) -> int:
     for path in args.runs:
         with open(path) as f:
             records += json.load(f)["records"]
-    pts = points(records)
+    pts = points(records, args.cores)
     if not pts:
         print("hx-bench predict: no measured points with a link rate in the given runs", file=sys.stderr)
         return 2

@@ -143,6 +143,7 @@ def main(argv=None) -> None:
     base = {"model": args.model, "parameters": params, "workers": n, "bandwidth": args.bandwidth,
             "bandwidth_bps": args.bandwidth_bps, "setting": args.setting, "batch": args.batch,
             "frames": args.frames, "steps": args.steps, "compute_s": compute, "kernels": kernels_status(),
+            "host_cores": os.cpu_count(),
             "cost_rule": not args.no_adaptive}
     emit(dict(base, method="compute_only", median_step_s=compute, bytes_per_step=0))
     for method in methods:
