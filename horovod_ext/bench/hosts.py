@@ -23,7 +23,7 @@ import json
 import os
 import sys
 
-from .netns import ShapedNetwork, check_privileges, write_ssh_shim
+from .netns import ShapedNetwork, check_privileges, namespaces, write_ssh_shim
 
 PREFIX, IFACE, SUBNET = "hxhost", "hxhost0", "198.18.1"
 STATE_DIR = os.environ.get("HX_HOSTS_DIR", "/run/hx-hosts")
@@ -65,7 +65,7 @@ def status(state_dir: str = STATE_DIR) -> dict | None:
         return None
     with open(path) as f:
         info = json.load(f)
-    listed = os.popen("ip netns list").read().split()
+    listed = namespaces()
     return info if all(ns in listed for ns in info["namespaces"]) else None
 
 

@@ -41,6 +41,11 @@ def _run(cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
+def namespaces() -> list[str]:
+    """Names of the network namespaces that exist now (``ip netns list``)."""
+    return [line.split()[0] for line in _run("ip netns list", check=False).stdout.splitlines() if line.strip()]
+
+
 def check_privileges() -> None:
     if os.geteuid() != 0:
         raise PermissionError("network namespaces and tc need root (run as root, or use --no-netns)")
@@ -151,9 +156,7 @@ class ShapedNetwork:
 
     def down(self) -> None:
         """Delete every namespace and link this module creates (safe to call repeatedly)."""
-        listed = _run("ip netns list", check=False).stdout
-        for line in listed.splitlines():
-            name = line.split()[0] if line.strip() else ""
+        for name in namespaces():
             if re.fullmatch(rf"{re.escape(self.prefix)}\d+", name):
                 _run(f"ip netns del {name}", check=False)
         for name in (os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []):

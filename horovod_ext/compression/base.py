@@ -65,6 +65,12 @@ class ReduceContext:
     def op_name(self, phase: str) -> str:
         return f"hx.{self.key}.{phase}"
 
+    def output(self, dtype: torch.dtype):
+        """``out`` when a result of ``dtype`` may be written there (same dtype, contiguous), else None.
+        Returning that very tensor from ``reduce`` lets the optimizer skip its copy into ``p.grad``."""
+        out = self.out
+        return out if out is not None and out.dtype == dtype and out.is_contiguous() else None
+
     # Codec work is timed twice: wall time (what a step waits for) and this thread's CPU time, which a
     # busy machine does not inflate (a preempted thread accrues none), for the adaptive cost rule.
     @contextmanager

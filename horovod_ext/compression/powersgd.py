@@ -225,7 +225,7 @@ class PowerSGD(Compressor):
         with ctx.decompressing():
             scale_for_op(q, ctx)
             # P Q^T straight into ctx.out (p.grad, or the pipelining buffer) when the dtypes allow.
-            dest = ctx.out if ctx.out is not None and ctx.out.dtype == work and ctx.out.is_contiguous() else None
+            dest = ctx.output(work)
             out = torch.mm(p, q.t(), out=None if dest is None else dest.view(n, m))
             finite = all_finite(out)      # the same on every worker
             if not self.error_feedback:

@@ -135,7 +135,7 @@ class GlobalQSGD(Compressor):
         with ctx.decompressing():
             denom = m * (n if ctx.average else 1)
             workers = int(total[words]) if total.device.type == "cpu" else total[words]
-            out = ctx.out if ctx.out is not None and grad.dtype == work else None
+            out = ctx.output(work) if grad.dtype == work else None
             result = kernels.decode(total[:words], size, bucket, s / denom, m, self.bits, workers,
                                     out=None if out is None else out.view(-1))
             if out is not None:

@@ -119,13 +119,6 @@ def _with_residual(grad: torch.Tensor, ctx: ReduceContext, error_feedback: bool)
     return torch.add(flat, res.to(device=flat.device, dtype=work))
 
 
-def _destination(ctx: ReduceContext, acc: torch.Tensor):
-    """``ctx.out`` when the result may be written there (same dtype as the work tensor, contiguous),
-    else None. Returning that very tensor lets the optimizer skip its copy into ``p.grad``."""
-    out = ctx.out
-    return out if out is not None and out.dtype == acc.dtype and out.is_contiguous() else None
-
-
 def _poison_if_nonfinite(ok: torch.Tensor, sent: torch.Tensor) -> None:
     """Replace ``sent[0]`` by NaN unless ``ok`` (a 0-dim bool: the local input was finite); no host sync."""
     if sent.numel():
@@ -361,7 +354,7 @@ class TopK(_Detached, Compressor):
             # values first: each row's values start at a multiple of the row length, aligned for float64
             all_vals = gathered[:, :wk].reshape(-1).view(acc.dtype)
             all_idx = gathered[:, wk:].reshape(-1).to(torch.int64)
-            dest = _destination(ctx, acc)
+            dest = ctx.output(acc.dtype)
             out = acc.new_zeros(numel) if dest is None else dest.view(-1).zero_()
             out.index_add_(0, all_idx, all_vals)
             if self.error_feedback:
@@ -415,7 +408,7 @@ class RandomBlock(_Detached, Compressor):
                 old = _commit_residual(ctx, acc, ok)
         reduced = yield ctx.comm.allreduce_(msg, name=ctx.op_name("block"), op=ctx.op)
         with ctx.decompressing():
-            dest = _destination(ctx, acc)
+            dest = ctx.output(acc.dtype)
             out = acc.new_zeros(numel) if dest is None else dest.view(-1)
             if dest is not None:                     # zero all but the block, which is written next
                 out[start + size - wrap:].zero_()
