@@ -127,6 +127,14 @@ class Config:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def rir_cache_dir(self) -> str | None:
+        """The folder of simulated rooms shared by every loader worker and run ("auto": ``rir_cache/`` next to
+        data.train), or None for rooms kept in memory only."""
+        c = self.augment.rir_cache
+        if c == "auto":
+            return str(Path(self.data.train).resolve().parent / "rir_cache")
+        return c or None
+
 
 class ConfigError(ValueError):
     pass

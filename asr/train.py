@@ -96,9 +96,8 @@ def build_augmenter(cfg, dataset, seed: int):
     if not cfg.augment.enabled:
         return None
     from .augment.pipeline import Augmenter
-    a = cfg.augment
-    rir_cache = str(Path(cfg.data.train).resolve().parent / "rir_cache") if a.rir_cache == "auto" else a.rir_cache
-    return Augmenter(dataclasses.replace(a, rir_cache=rir_cache or None, features=dataset.normalizer.settings),
+    return Augmenter(dataclasses.replace(cfg.augment, rir_cache=cfg.rir_cache_dir(),
+                                         features=dataset.normalizer.settings),
                      seed=seed, babble=babble_talkers(dataset, dataset.normalizer.settings.sample_rate))
 
 

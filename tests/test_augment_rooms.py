@@ -160,3 +160,48 @@ def test_pool_cache_on_disk_builds_each_room_once_for_every_process(tmp_path):
     assert torch.equal(third.get(1, 0).speech_rir, built[1].speech_rir) and third.builds == 1
     assert torch.equal(RIRPool(size=3, seed=5, spec=spec, cache_dir=tmp_path).get(1, 0).speech_rir, built[1].speech_rir)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_prebuild_rooms_builds_what_the_epochs_draw_once(tmp_path):
+    """asr-prep rooms: every (slot, version) the first N epochs use is built ahead, bitwise what training builds,
+    and a second call (or a training pool) builds nothing."""
+    from asr.augment.rooms import prebuild_rooms
+    spec = RoomSpec(t60=(0.1, 0.2), sides=(3.0, 4.0), max_noise_sources=1)
+    pool = RIRPool(size=4, seed=3, refresh_every=1, refresh_fraction=0.25, spec=spec, cache_dir=tmp_path)
+    todo = pool.rooms_for_epochs(3)
+    assert len(todo) == 4 + 2 * 1 and todo[:4] == [(s, 0) for s in range(4)] and todo[4:] == [(0, 1), (1, 2)]
+    first = prebuild_rooms(pool, 3, jobs=1)
+    assert (first["rooms"], first["built"], first["cached"]) == (6, 6, 0)
+    assert len(list(tmp_path.glob("room-*.pt"))) == 6
+    assert prebuild_rooms(pool, 3, jobs=1)["built"] == 0
+    trainer = RIRPool(size=4, seed=3, refresh_every=1, refresh_fraction=0.25, spec=spec, cache_dir=tmp_path)
+    fresh = RIRPool(size=4, seed=3, refresh_every=1, refresh_fraction=0.25, spec=spec)
+    for epoch in range(3):
+        for slot in range(4):
+            assert torch.equal(trainer.get(slot, epoch).speech_rir, fresh.get(slot, epoch).speech_rir)
+    assert trainer.builds == 0
+    with pytest.raises(ValueError, match="cache_dir"):
+        prebuild_rooms(RIRPool(size=2, spec=spec), 1)
+
+
+def test_asr_prep_rooms_uses_the_training_config_cache_and_seed(tmp_path, capsys):
+    """The CLI resolves the cache the way training does (rir_cache/ next to data.train) and seeds with
+    train.seed, so the rooms it builds are the ones the loader workers look up."""
+    import json
+    from asr.config import load_config
+    from asr.data.cli import main
+    conf = tmp_path / "c.yaml"
+    conf.write_text("augment:\n  pool_size: 2\n  sim_prob: 0.5\n  t60: [0.1, 0.2]\n  noise_sources: [0, 1]\n"
+                    "train:\n  seed: 4\n")
+    train = tmp_path / "corpus" / "train.jsonl"
+    train.parent.mkdir()
+    assert main(["rooms", "--config", str(conf), "--epochs", "2", "--jobs", "1", f"data.train={train}"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["cache_dir"] == str(train.parent / "rir_cache") and summary["built"] == summary["rooms"] == 3
+    from asr.augment.pipeline import Augmenter
+    import dataclasses
+    cfg = load_config(conf, [f"data.train={train}"])
+    pool = Augmenter(dataclasses.replace(cfg.augment, rir_cache=cfg.rir_cache_dir()), seed=4).pool
+    for slot in range(2):
+        pool.get(slot, 1)
+    assert pool.builds == 0

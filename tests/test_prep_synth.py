@@ -198,6 +198,20 @@ def test_full_plan_size_vocabulary_and_disjointness():
     assert not by_split["train"] & (by_split["dev"] | by_split["test"])
 
 
+def test_train_count_leaves_dev_and_test_unchanged():
+    """--train N changes only the training split: a run on more training data is scored on the same test set."""
+    base, _, _ = plan_corpus("small", 0)
+    big, _, _ = plan_corpus("small", 0, train=6000)
+    held = lambda specs: [s for s in specs if s.split != "train"]
+    assert held(big) == held(base)
+    train = [s for s in big if s.split == "train"]
+    assert len(train) == 6000 and len({s.text for s in big}) == len(big)
+    assert not {s.text for s in train} & {s.text for s in held(big)}
+    assert {s.domain for s in train} == {"command", "open"}
+    with pytest.raises(ValueError, match="--train"):
+        plan_corpus("small", 0, train=0)
+
+
 @pytest.mark.parametrize("engine,name", [("festival", "kal_diphone"), ("flite", "kal16")])
 def test_derived_female_voice_has_raised_f0_and_the_same_duration(engine, name, tmp_path):
     import librosa

@@ -90,10 +90,19 @@ def voice_schedule(voices: list[Voice], n: int) -> list[Voice]:
     return out
 
 
-def plan_corpus(size: str, seed: int, limit: int | None = None, data_dir: Path = DATA_DIR):
-    """Utterance specs for a corpus, plus what corpus.json should say about the inputs."""
+def plan_corpus(size: str, seed: int, limit: int | None = None, data_dir: Path = DATA_DIR,
+                train: int | None = None):
+    """Utterance specs for a corpus, plus what corpus.json should say about the inputs.
+
+    ``train`` sets the number of training utterances and leaves dev and test as ``size`` (and ``limit``) make
+    them: held-out sentences are drawn first, so the dev and test sets stay byte-identical and a larger training
+    set can be compared with a smaller one on the same test set."""
     total = SIZES[size] if limit is None else min(limit, SIZES[size])
     counts = split_counts(total)
+    if train is not None:
+        if train < 1:
+            raise ValueError(f"--train must be at least 1 utterance, got {train}")
+        counts["train"] = train
     voices = load_voices(data_dir)
     for vs in voices.values():
         for v in vs:
@@ -187,12 +196,12 @@ def _synth_one(job: tuple[dict, str]) -> dict:
 # ---------------------------------------------------------------------------------------------- corpus
 
 def build_corpus(out_dir, size: str = "tiny", seed: int = 0, jobs: int | None = None, limit: int | None = None,
-                 strict: bool = False, data_dir: Path = DATA_DIR) -> int:
+                 strict: bool = False, data_dir: Path = DATA_DIR, train: int | None = None) -> int:
     """Build (or resume) a corpus in out_dir; returns the process exit code."""
     t0 = time.time()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    specs, voices, info = plan_corpus(size, seed, limit, data_dir)
+    specs, voices, info = plan_corpus(size, seed, limit, data_dir, train)
     print(f"asr-prep synth: {len(specs)} utterances ({size}, seed {seed}) -> {out}", file=sys.stderr)
     results = parallel_map(_synth_one, [(asdict(s), str(out)) for s in specs], jobs, desc="synth", unit="utt")
 
@@ -213,7 +222,7 @@ def build_corpus(out_dir, size: str = "tiny", seed: int = 0, jobs: int | None = 
     hours = {s: round(sum(e["duration"] for e in es) / 3600, 4) for s, es in manifests.items()}
     vocab = {s: len({w for e in es for w in e["text"].split()}) for s, es in manifests.items()}
     corpus = {
-        "seed": seed, "size": size, "limit": limit, "sample_rate": SAMPLE_RATE,
+        "seed": seed, "size": size, "limit": limit, "train": train, "sample_rate": SAMPLE_RATE,
         "audio_filepath": "relative to this folder",
         "counts": {s: len(es) for s, es in manifests.items()},
         "rejected": len(rejects.items),

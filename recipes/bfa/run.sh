@@ -3,16 +3,18 @@
 #   0 prep       synthesize the offline corpus (asr-prep synth) and its far-field test set
 #   1 tokenizer  the language model's text (asr-prep lm-text: training transcripts plus generator sentences, no
 #                dev/test sentence), sentencepiece word pieces trained on it, feature statistics (asr-prep
-#                tokenizer, stats) and the word-piece LSTM language model (asr-lm)
+#                tokenizer, stats), the simulated rooms of the first --room-epochs epochs (asr-prep rooms, so
+#                the loader workers read rooms instead of building them while the trainers wait) and the
+#                word-piece LSTM language model (asr-lm)
 #   2 train      horovodrun training through horovod_ext (compression and pipelining from the config)
 #   3 eval       WER of every epoch's checkpoint on the clean and far-field test sets (asr-eval --run-dir):
 #                joint CTC/attention beam search and CTC best path; then the last checkpoint with the LM
 #                fused into the joint search (RUN/final_<set>.json)
 #
 # Usage: recipes/bfa/run.sh [--stage N] [--stop-stage N] [--conf recipes/bfa/conf/cpu-small.yaml]
-#          [--size tiny|small|full] [--limit N] [--workers 2] [--hosts localhost:2] [--network-interface IFACE]
+#          [--size tiny|small|full] [--train N] [--limit N] [--workers 2] [--hosts localhost:2] [--network-interface IFACE]
 #          [--exp exp/NAME]
-#          [--vocab 500] [--seed 0] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight W (default: decode.joint_lm_weight)]
+#          [--vocab 500] [--seed 0] [--room-epochs 20] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight W (default: decode.joint_lm_weight)]
 #          [--eval-limit N (stage 3: the per-epoch curves on the first N utterances of each test set)]
 #          [--elastic MIN:MAX --discovery SCRIPT [--cooldown LOW:HIGH]]
 #          [-- key=value ...]                              (overrides after -- go to asr.train)
@@ -30,8 +32,8 @@ VENV=${HX_VENV:-$ROOT/.venv}
 PATH="$VENV/bin:$PATH"
 
 stage=0; stop_stage=3; conf=$ROOT/recipes/bfa/conf/cpu-small.yaml; size=small; limit=""
-workers=2; hosts=""; iface=""; exp=""; vocab=500; seed=0; overrides=(); elastic=""; discovery=""; cooldown=""
-lm_extra=60000; lm_minutes=8; lm_weight=""; eval_limit=""
+train=""; workers=2; hosts=""; iface=""; exp=""; vocab=500; seed=0; overrides=(); elastic=""; discovery=""; cooldown=""
+room_epochs=20; lm_extra=60000; lm_minutes=8; lm_weight=""; eval_limit=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --stage) stage=$2; shift 2 ;;
@@ -39,12 +41,14 @@ while [ $# -gt 0 ]; do
     --conf) conf=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --limit) limit=$2; shift 2 ;;
+    --train) train=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --hosts) hosts=$2; shift 2 ;;
     --network-interface) iface=$2; shift 2 ;;
     --exp) exp=$2; shift 2 ;;
     --vocab) vocab=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
+    --room-epochs) room_epochs=$2; shift 2 ;;
     --lm-extra) lm_extra=$2; shift 2 ;;
     --lm-minutes) lm_minutes=$2; shift 2 ;;
     --lm-weight) lm_weight=$2; shift 2 ;;
@@ -52,7 +56,7 @@ while [ $# -gt 0 ]; do
     --elastic) elastic=$2; shift 2 ;;
     --discovery) discovery=$2; shift 2 ;;
     --cooldown) cooldown=$2; shift 2 ;;
-    -h|--help) sed -n 2,26p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,28p "$0"; exit 0 ;;
     --) shift; overrides=("$@"); break ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -70,13 +74,13 @@ else
   launch=(horovodrun -np "$workers" -H "$hosts")
 fi
 [ -z "$iface" ] || launch+=(--network-interface "$iface")
-corpus=$ROOT/exp/corpus_${size}${limit:+_$limit}_seed$seed
+corpus=$ROOT/exp/corpus_${size}${limit:+_$limit}${train:+_train$train}_seed$seed
 exp=${exp:-$ROOT/exp/bfa_$(basename "$conf" .yaml)_${size}${limit:+_$limit}}
 log() { printf '\n[run.sh] %s  %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   log "stage 0: corpus ($size${limit:+, first $limit}) -> $corpus"
-  asr-prep synth --out "$corpus" --size "$size" --seed "$seed" ${limit:+--limit $limit}
+  asr-prep synth --out "$corpus" --size "$size" --seed "$seed" ${limit:+--limit $limit} ${train:+--train $train}
   asr-prep far --manifest "$corpus/test.jsonl" --out "$corpus" --seed "$seed"
 fi
 
@@ -85,6 +89,11 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   asr-prep lm-text --corpus "$corpus" --out "$corpus/lm/text.txt" --extra "$lm_extra"
   asr-prep tokenizer --text "$corpus/lm/text.txt" --vocab-size "$vocab" --out "$corpus/tokenizer"
   asr-prep stats --manifest "$corpus/train.jsonl" --out "$corpus/stats"
+  if [ "$room_epochs" -gt 0 ]; then
+    log "stage 1: simulated rooms of epochs 0-$((room_epochs - 1)) (asr-prep rooms)"
+    asr-prep rooms --config "$conf" --epochs "$room_epochs" data.train="$corpus/train.jsonl" train.seed="$seed" \
+      "${overrides[@]}"
+  fi
   log "stage 1: the word-piece LSTM LM (<= $lm_minutes min)"
   rm -f "$corpus/lm/lm_log.jsonl"
   asr-lm --text "$corpus/lm/text.txt" --tokenizer "$corpus/tokenizer/tokenizer.model" --out "$corpus/lm" \
