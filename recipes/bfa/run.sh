@@ -16,6 +16,7 @@
 #          [--exp exp/NAME]
 #          [--vocab 500] [--seed 0] [--room-epochs 20] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight W (default: decode.joint_lm_weight)]
 #          [--eval-limit N (stage 3: the per-epoch curves on the first N utterances of each test set)]
+#          [--average N (stage 3: also decode the mean of the last N epoch checkpoints with the LM)]
 #          [--elastic MIN:MAX --discovery SCRIPT [--cooldown LOW:HIGH]]
 #          [-- key=value ...]                              (overrides after -- go to asr.train)
 # Elastic training (stage 2): --elastic 2:4 --discovery recipes/bfa/discover_hosts.sh starts --workers
@@ -33,7 +34,7 @@ PATH="$VENV/bin:$PATH"
 
 stage=0; stop_stage=3; conf=$ROOT/recipes/bfa/conf/cpu-small.yaml; size=small; limit=""
 train=""; workers=2; hosts=""; iface=""; exp=""; vocab=500; seed=0; overrides=(); elastic=""; discovery=""; cooldown=""
-room_epochs=20; lm_extra=60000; lm_minutes=8; lm_weight=""; eval_limit=""
+room_epochs=20; lm_extra=60000; lm_minutes=8; lm_weight=""; eval_limit=""; average=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --stage) stage=$2; shift 2 ;;
@@ -53,10 +54,11 @@ while [ $# -gt 0 ]; do
     --lm-minutes) lm_minutes=$2; shift 2 ;;
     --lm-weight) lm_weight=$2; shift 2 ;;
     --eval-limit) eval_limit=$2; shift 2 ;;
+    --average) average=$2; shift 2 ;;
     --elastic) elastic=$2; shift 2 ;;
     --discovery) discovery=$2; shift 2 ;;
     --cooldown) cooldown=$2; shift 2 ;;
-    -h|--help) sed -n 2,28p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,29p "$0"; exit 0 ;;
     --) shift; overrides=("$@"); break ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -129,6 +131,15 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
       asr-eval --checkpoint "$exp/checkpoints/last.pt" --manifest "$m" --method joint --lm "$corpus/lm/lm.pt" \
         ${lm_weight:+--lm-weight "$lm_weight"} --json "$exp/final_$(basename "$m" .jsonl).json" \
         || log "LM decoding skipped (see the message above)"
+    done
+  fi
+  # The mean of the last N epoch checkpoints (ESPnet's averaging), decoded the same way (RUN/final_avgN_<set>.json).
+  if [ "$average" -gt 0 ] && python -m asr.average --run-dir "$exp" --last "$average"; then
+    lm_args=(); [ -f "$corpus/lm/lm.pt" ] && lm_args=(--lm "$corpus/lm/lm.pt" ${lm_weight:+--lm-weight "$lm_weight"})
+    for m in "$corpus/test.jsonl" "$corpus/test_far.jsonl"; do
+      [ -f "$m" ] || continue
+      asr-eval --checkpoint "$exp/checkpoints/avg_last$average.pt" --manifest "$m" --method joint "${lm_args[@]}" \
+        --json "$exp/final_avg${average}_$(basename "$m" .jsonl).json" || log "averaged decoding skipped"
     done
   fi
   log "done: $exp/wer_per_epoch.json and $exp/wer_per_epoch.png"
