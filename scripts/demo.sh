@@ -17,6 +17,6 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 T0=$(date +%s)
 bash recipes/bfa/run.sh --conf recipes/bfa/conf/cpu-small.yaml --size small --limit 2500 --vocab 300 \
-  --workers 2 --exp exp/demo --lm-extra 20000 --lm-minutes 2 --room-epochs 12 --eval-limit 150 "$@" -- \
+  --workers 2 --exp exp/demo --lm-extra 20000 --lm-minutes 2 --room-epochs 12 --eval-limit 100 "$@" -- \
   train.max_minutes="${DEMO_MINUTES:-7}" decode.beam=1 data.dev_subset=100
 echo "[demo] finished in $(( $(date +%s) - T0 )) s: exp/demo/train_log.jsonl, exp/demo/wer_per_epoch.{json,png}"
