@@ -61,6 +61,7 @@ def _far(a) -> int:
 
 
 def _rooms(a) -> int:
+    import dataclasses
     import json
     from ..augment.pipeline import Augmenter
     from ..augment.rooms import prebuild_rooms
@@ -71,7 +72,6 @@ def _rooms(a) -> int:
         print("asr-prep rooms: nothing to build (augment.enabled is false, augment.sim_prob is 0 or "
               "augment.rir_cache is empty)", file=sys.stderr)
         return 0
-    import dataclasses
     pool = Augmenter(dataclasses.replace(cfg.augment, rir_cache=cache), seed=cfg.train.seed).pool
     summary = prebuild_rooms(pool, a.epochs, a.jobs)
     print(f"asr-prep rooms: {summary['rooms']} rooms for epochs 0-{a.epochs - 1} in {cache}: {summary['built']} "
