@@ -39,7 +39,7 @@ import torch
 import horovod.torch as hvd
 
 from . import state as codec_state_io
-from .adaptive import Adaptive
+from .adaptive import Adaptive, backend_sum_cost
 from .communicator import Communicator, allgather_object
 from .compression import Compression, Compressor, NonFiniteGradientError, ReduceContext
 from .compression.horovod_compat import GroupedAllreduce, SparseAllgather, as_codec
@@ -403,12 +403,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _decide_adaptive(self) -> None:
         """Agree on the codec's cost per element (the lowest over the measured steps of its CPU time:
-        interference only ever adds to it; the slowest worker's) and apply the cost rule."""
+        interference only ever adds to it; the slowest worker's), measure what the backend's sum of
+        the payload costs beyond fp32's where the codec says it may (fp16), and apply the cost rule."""
         st = self._ledger.measured
         local = min(self._ledger.step_costs, default=0.0)
         agreed = float(hvd.allreduce(torch.tensor([local], dtype=torch.float64), name="hx.adaptive.cost",
                                      op=hvd.Max, process_set=self.process_set)[0])
-        self.adaptive.decide(agreed, st.bits_per_element, self.process_set.size())
+        backend = 0.0
+        sum_dtype = getattr(self._compression, "backend_sum_dtype", None)
+        if (sum_dtype is not None and self.adaptive.link_gbps and self.process_set.size() > 1
+                and self._requires_update):
+            device = next(iter(self._requires_update)).device
+            backend = backend_sum_cost(sum_dtype, device, self.process_set)
+        self.adaptive.decide(agreed, st.bits_per_element, self.process_set.size(), backend)
 
     def flush(self):
         """Pipelined: wait for the gradients still in flight and apply them (a no-op otherwise).

@@ -123,6 +123,17 @@ def test_adaptive_cost_rule():
     assert c.compress
 
 
+def test_adaptive_counts_the_backends_sum():
+    # fp16 at 1 Gbit/s saves 16 ns/element; a cast of 0.2 ns pays, unless the backend's own
+    # float16 sum (Gloo on CPU tensors, ~20 ns/element) is counted with it.
+    a = hx.Adaptive(link_gbps=1.0)
+    a.decide(codec_s_per_element=2e-10, bits_per_element=16, workers=2)
+    assert a.compress and a.backend_s_per_element == 0.0
+    b = hx.Adaptive(link_gbps=1.0)
+    b.decide(codec_s_per_element=2e-10, bits_per_element=16, workers=2, backend_s_per_element=2e-8)
+    assert not b.compress and b.as_dict()["backend_s_per_element"] == 2e-8
+
+
 def test_adaptive_folds_residual_when_switching_off():
     torch.manual_seed(0)
     model = torch.nn.Linear(200, 100, bias=False)

@@ -125,6 +125,10 @@ class Compressor:
     #: whether ``reduce`` writes its result into ``ctx.out`` when given one (the optimizer then hands
     #: it p.grad, or, pipelining, a buffer kept per parameter and slot instead of a fresh tensor)
     uses_out: bool = False
+    #: the dtype Horovod's backend sums this codec's payload in, when that sum may cost more than an
+    #: fp32 one (float16: Gloo and MPI sum it in software on CPU tensors); the adaptive rule then
+    #: measures that cost once and counts it with the codec's (None: nothing to measure)
+    backend_sum_dtype: torch.dtype | None = None
 
     def release(self, state: dict):
         """Take what error feedback held back out of ``state`` (None when nothing is held)."""

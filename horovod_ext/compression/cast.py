@@ -70,6 +70,7 @@ class CastAllreduce(Compressor):
     def __init__(self, dtype: torch.dtype = torch.float16):
         self.dtype = dtype
         self.label = {torch.float16: "fp16"}.get(dtype, str(dtype))
+        self.backend_sum_dtype = dtype
 
     def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:
         with ctx.compressing():

@@ -232,4 +232,20 @@ for spec in ("none", "fp16", "bf16", "global_qsgd8", "global_qsgd4", "topk0.01",
 report["bits"] = bits
 report["bits_adaptive_default"] = {spec: bits_for(hx.Compression.from_spec(spec), adaptive=True)
                                    for spec in ("fp16", "global_qsgd8")}
+
+
+# ---- the adaptive cost rule measures the backend's float16 sum (and only for fp16) ----------------------------
+def decided(spec):
+    model = torch.nn.Linear(256, 256)
+    opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model.named_parameters(),
+                                  compression=hx.Compression.from_spec(spec),
+                                  adaptive=hx.Adaptive(link_gbps=10.0, measure_steps=2, min_numel=1))
+    for _ in range(4):
+        opt.zero_grad()
+        model(torch.randn(4, 256)).pow(2).mean().backward()
+        opt.step()
+    return opt.comm_stats()["adaptive"]
+
+
+report["adaptive_backend"] = {spec: decided(spec) for spec in ("fp16", "global_qsgd8")}
 emit(report)
