@@ -64,6 +64,8 @@ class TrainConfig:
     clip: float = 5.0
     compression: str = "none"           # hx.Compression.from_spec: none, fp16, bf16, global_qsgd8, topk0.01, ...
     pipeline: bool = False
+    slowmo: str = ""                    # hx.SlowMo instead of every-step averaging: slowmo<tau>[-m<momentum>][-<codec>]
+                                        # (e.g. slowmo4: local Adam steps, an average every 4); compression must be none
     comm_warmup_steps: int = 0          # first steps reduce plain fp32, synchronously (no codec, no pipeline)
     backward_passes_per_step: int = 1
     amp: str = "none"                   # none | bf16 | fp16 (autocast on GPU hosts)
@@ -78,6 +80,22 @@ class TrainConfig:
     out_dir: str = "exp/run"
     elastic: bool = False               # hvd.elastic.run (also on when horovodrun sets HOROVOD_ELASTIC=1)
     commit_every: int = 20              # elastic: commit the state every this many steps (and at epoch end)
+
+    def __post_init__(self):
+        if not self.slowmo:
+            return
+        from horovod_ext.slowmo import parse_spec
+        try:
+            spec = parse_spec(self.slowmo)
+        except ValueError as e:
+            raise ConfigError(f"train.slowmo: {e}") from None
+        if self.compression != "none":
+            raise ConfigError(f"train.slowmo={self.slowmo} with train.compression={self.compression}: state SlowMo's "
+                              f"inner codec in its spec instead (e.g. train.slowmo=slowmo{spec['tau']}-"
+                              f"{self.compression}) and leave train.compression=none")
+        if not spec["inner"] and (self.pipeline or self.comm_warmup_steps or self.backward_passes_per_step != 1):
+            raise ConfigError(f"train.slowmo={self.slowmo} takes local steps: train.pipeline, comm_warmup_steps and "
+                              f"backward_passes_per_step are for an inner codec (e.g. slowmo{spec['tau']}-global_qsgd8)")
     trace_utterances: bool = False      # write every step's utterance ids to OUT_DIR/trace/ (audit of an epoch)
 
 

@@ -172,11 +172,14 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.model = BFA(self.model_cfg).to(self.device)
         base = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr * size, weight_decay=cfg.train.weight_decay)
-        self.opt = hx.DistributedOptimizer(base, self.model.named_parameters(),
-                                           compression=hx.Compression.from_spec(cfg.train.compression),
-                                           backward_passes_per_step=cfg.train.backward_passes_per_step,
-                                           pipeline=cfg.train.pipeline, warmup_steps=cfg.train.comm_warmup_steps,
-                                           nonfinite=cfg.train.nonfinite)
+        if cfg.train.slowmo:
+            self.opt = self._slowmo(base)
+        else:
+            self.opt = hx.DistributedOptimizer(base, self.model.named_parameters(),
+                                               compression=hx.Compression.from_spec(cfg.train.compression),
+                                               backward_passes_per_step=cfg.train.backward_passes_per_step,
+                                               pipeline=cfg.train.pipeline, warmup_steps=cfg.train.comm_warmup_steps,
+                                               nonfinite=cfg.train.nonfinite)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.amp)
         if self.amp_dtype is not None and self.device.type != "cuda":
             self.log({"event": "note", "message": f"train.amp={cfg.train.amp} is for GPU hosts; training in fp32 "
@@ -196,6 +199,19 @@ class Trainer:
         self.agreed_s, self.stopped_early = 0.0, False           # training time agreed by all workers
         self.comm_before = {"wait_s": 0.0, "skipped_steps": 0}   # comm_stats() counts from process start
         self.progress = {"step": 0, "mark": time.time()}         # last completed step; time counted up to
+
+    def _slowmo(self, base):
+        """train.slowmo: local (or codec-averaged) steps, an exact average and a slow momentum every tau."""
+        import horovod_ext as hx
+        from horovod_ext.slowmo import parse_spec
+        cfg = self.cfg.train
+        spec = parse_spec(cfg.slowmo)            # checked with the config (asr.config.TrainConfig)
+        if self.elastic:
+            raise ValueError("train.slowmo is not supported in elastic runs (a worker lost mid-period would take "
+                             "its local steps with it); run without elastic or without slowmo")
+        inner = dict(backward_passes_per_step=cfg.backward_passes_per_step, pipeline=cfg.pipeline,
+                     warmup_steps=cfg.comm_warmup_steps, nonfinite=cfg.nonfinite) if spec["inner"] else {}
+        return hx.SlowMo(base, self.model.named_parameters(), **spec, **inner)
 
     # ------------------------------------------------------------------ logging
     def log(self, rec: dict, echo: bool = True) -> None:
@@ -217,6 +233,7 @@ class Trainer:
                   "parameters": parameter_count(self.model), "vocab": self.tok.vocab_size,
                   "train_utts": len(self.train_set), "dev_utts": len(self.dev_set),
                   "batches_per_epoch": len(self.sampler), "compression": cfg.train.compression,
+                  **({"slowmo": cfg.train.slowmo} if cfg.train.slowmo else {}),
                   "pipeline": cfg.train.pipeline, "peak_lr": cfg.train.lr * self.hvd.size(), "cores": self.cores,
                   "config": cfg.to_dict(),
                   **({"elastic": True, "commit_every": cfg.train.commit_every} if self.elastic else {})})
@@ -259,7 +276,8 @@ class Trainer:
                     start_epoch, step = self._load(ckpt)
             else:
                 hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-                hvd.broadcast_optimizer_state(self.opt, root_rank=0)
+                hvd.broadcast_optimizer_state(getattr(self.opt, "optimizer", self.opt) if self.cfg.train.slowmo
+                                              else self.opt, root_rank=0)
             trained_s = hvd.broadcast_object(_trained_seconds(self.log_path) if rank == 0 else None, 0,
                                              name="trained_s")
         self.progress["step"] = step

@@ -13,7 +13,9 @@ from .compression import Compression, Compressor, NonFiniteGradientError
 from . import elastic      # registers the hx optimizer's handler for hvd.elastic.TorchState
 from .optimizer import DistributedOptimizer
 from .reduction import allreduce
+from .slowmo import SlowMo
+from .gossip import Gossip
 from .stats import CommStats
 
-__all__ = ["DistributedOptimizer", "allreduce", "Adaptive", "Compression", "Compressor", "NonFiniteGradientError", "CommStats"]
+__all__ = ["DistributedOptimizer", "SlowMo", "Gossip", "allreduce", "Adaptive", "Compression", "Compressor", "NonFiniteGradientError", "CommStats"]
 __version__ = "0.1.0"

@@ -35,3 +35,15 @@ def test_choices_and_unknown_keys_are_refused():
         load_config(CONF, ["train.schedule=step"])
     with pytest.raises(ConfigError, match="unknown key\\(s\\) bogus"):
         load_config(CONF, ["augment.bogus=1"])
+
+
+def test_slowmo_settings_are_checked():
+    cfg = load_config(None, ["train.slowmo=slowmo4-m0.25"])
+    assert cfg.train.slowmo == "slowmo4-m0.25"
+    with pytest.raises(ConfigError, match="train.slowmo: SlowMo spec 'slowmox'"):
+        load_config(None, ["train.slowmo=slowmox"])
+    with pytest.raises(ConfigError, match="train.slowmo=slowmo4-global_qsgd8"):      # names the spec to write
+        load_config(None, ["train.slowmo=slowmo4", "train.compression=global_qsgd8"])
+    with pytest.raises(ConfigError, match="takes local steps"):
+        load_config(None, ["train.slowmo=slowmo4", "train.pipeline=true"])
+    load_config(None, ["train.slowmo=slowmo4-global_qsgd8", "train.pipeline=true"])   # pipelining the inner codec

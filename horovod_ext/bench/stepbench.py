@@ -85,6 +85,17 @@ def make_optimizer(method: str, model, lr: float, hvd, hx, powersgd_rank: int, l
                                        start_powerSGD_iter=2, min_compression_rate=2)
         ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
         return ddp, torch.optim.SGD(ddp.parameters(), lr=lr), _powersgd_bytes(model, powersgd_rank), None
+    if method.startswith("hx_slowmo"):
+        from ..slowmo import parse_spec
+        spec, _, pipe = method[3:].partition("+")
+        kw = {}
+        if parse_spec(spec)["inner"]:
+            kw = dict(pipeline=pipe == "pipe", adaptive=hx.Adaptive(link_gbps=link_gbps if cost_rule else None,
+                                                                    measure_steps=measure_steps))
+        elif pipe:
+            raise ValueError(f"{method}: +pipe needs an inner codec (e.g. hx_slowmo4-global_qsgd8+pipe)")
+        opt = hx.SlowMo.from_spec(torch.optim.SGD(model.parameters(), lr=lr), model.named_parameters(), spec, **kw)
+        return model, opt, None, opt
     if method.startswith("hx_"):
         spec, _, pipe = method[3:].partition("+")
         opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr), model.named_parameters(),
@@ -157,8 +168,11 @@ def main(argv=None) -> None:
         # codec figures over the timed steps only (the first steps allocate buffers and state)
         on_warm = (lambda: warm.update(hx_opt.comm_stats()["total"])) if hx_opt is not None else None
         times = time_steps(call, opt, make_batch, loss_fn, args.steps, args.warmup, seed=rank, on_warm=on_warm)
-        step = float(hvd.allreduce(torch.tensor(statistics.median(times)), name=f"t.{method}", op=hvd.Max))
-        rec = dict(base, method=method, median_step_s=step, step_times_s=times,
+        # SlowMo communicates every tau-th step: the median would skip those, so its figure is the mean
+        # over the timed steps (a whole number of periods when tau divides --steps)
+        statistic = statistics.mean if method.startswith("hx_slowmo") else statistics.median
+        step = float(hvd.allreduce(torch.tensor(statistic(times)), name=f"t.{method}", op=hvd.Max))
+        rec = dict(base, method=method, median_step_s=step, step_statistic=statistic.__name__, step_times_s=times,
                    exposed_comm_s=max(step - compute, 0.0), comm_fraction=max(step - compute, 0.0) / step)
         if hx_opt is not None:
             end = hx_opt.comm_stats()["total"]
@@ -166,7 +180,7 @@ def main(argv=None) -> None:
             st["bits_per_element"] = end["bits_per_element"]
             k = max(st["steps"], 1)
             cs = CommStats(**{f: st[f] for f in CommStats.__dataclass_fields__})
-            rec["adaptive"] = hx_opt.comm_stats()["adaptive"]
+            rec["adaptive"] = hx_opt.comm_stats().get("adaptive")
             rec.update(bytes_per_step=st["bytes_handed"] / k, wire_bytes_per_step=cs.wire_bytes(n) / k,
                        bits_per_element=st["bits_per_element"], codec_s=(st["compress_s"] + st["decompress_s"]) / k,
                        compress_s=st["compress_s"] / k, decompress_s=st["decompress_s"] / k,
