@@ -92,6 +92,7 @@ from horovod.common.exceptions import HorovodInternalError
 
 from ..finite import all_finite, where_
 from .base import Compressor, ReduceContext, ReduceGenerator, scale_for_op, stable_hash
+from . import sparse_allreduce
 from .cast import reraise_collective_error
 
 
@@ -310,8 +311,13 @@ class _Detached:
 class TopK(_Detached, Compressor):
     reads_input_later = False     # gradient + residual is copied in the first phase
     uses_out = True
+    TRANSPORTS = ("allgather", "sparse_allreduce")
+
     def __init__(self, ratio: float, importance: bool = False, error_feedback: bool = True,
-                 detached: bool = False, coeff: float = 0.3):
+                 detached: bool = False, coeff: float = 0.3, transport: str = "allgather"):
+        if transport not in self.TRANSPORTS:
+            raise ValueError(f"topk transport must be one of {self.TRANSPORTS}, got {transport!r}")
+        self.transport = transport
         self.ratio = _check_ratio("topk", ratio)
         self.importance = importance
         self.detached = bool(detached)
@@ -319,7 +325,8 @@ class TopK(_Detached, Compressor):
         self.coeff = float(coeff)
         self.label = (f"topk{self.ratio:g}" + ("-imp" if importance else "")
                       + ("-def" if self.detached else "" if self.error_feedback else "-noef")
-                      + (f"-c{self.coeff:g}" if self.detached and self.coeff != 0.3 else ""))
+                      + (f"-c{self.coeff:g}" if self.detached and self.coeff != 0.3 else "")
+                      + ("-sar" if transport == "sparse_allreduce" else ""))
         self._select = "auto"       # topk_indices' method ("full": the plain torch.topk; benchmarks)
 
     def reduce(self, grad: torch.Tensor, ctx: ReduceContext) -> ReduceGenerator:
@@ -343,8 +350,28 @@ class TopK(_Detached, Compressor):
             if self.error_feedback:
                 acc.index_fill_(0, idx, 0.0)
                 old = _commit_residual(ctx, acc, ok)
-            wk = vals.view(torch.int32).numel()           # k, or 2k for float64 values
-            payload = torch.cat([vals.view(torch.int32), idx.to(torch.int32)])
+            if self.transport == "sparse_allreduce" and sparse_allreduce.applies(n):
+                payload = None
+            else:
+                wk = vals.view(torch.int32).numel()           # k, or 2k for float64 values
+                payload = torch.cat([vals.view(torch.int32), idx.to(torch.int32)])
+        if payload is None:
+            try:
+                mode, s_idx, s_vals = yield from sparse_allreduce.recursive_doubling(idx, vals, numel, ctx, "topk")
+            except HorovodInternalError as err:
+                reraise_collective_error(self.label, "alltoall", err)
+            with ctx.decompressing():
+                dest = ctx.output(acc.dtype)
+                out = acc.new_zeros(numel) if dest is None else dest.view(-1).zero_()
+                if mode == sparse_allreduce.DENSE:
+                    out.copy_(s_vals)
+                else:
+                    out.index_put_((s_idx,), s_vals)
+                if self.error_feedback:
+                    _undo_if_skipped(ctx, acc, old, s_vals)
+                _undo_grad_sq(ctx, tracked, s_vals)
+                scale_for_op(out, ctx)
+                return dest if dest is not None else out.to(grad.dtype).view_as(grad)
         try:
             gathered = yield ctx.comm.allgather(payload, name=ctx.op_name("topk"))
         except HorovodInternalError as err:
