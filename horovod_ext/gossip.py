@@ -1,0 +1,244 @@
+"""``hx.Gossip``: decentralized averaging, D-PSGD on a ring and SGP (PushSum) on an exponential graph.
+
+Instead of every worker averaging with all (allreduce), each step every worker takes a local step
+of the base optimizer and then mixes its parameters with one or two peers (adapt, then combine):
+
+* ``topology="ring"`` (D-PSGD, Lian et al., NeurIPS 2017): x_i <- (x_i + x_{i-1} + x_{i+1}) / 3, a
+  symmetric doubly stochastic matrix (two workers: (x_0 + x_1) / 2). Each worker sends its model to
+  both neighbours.
+* ``topology="exponential"`` (SGP, Assran et al., ICML 2019): at step k every worker sends half its
+  mass to the peer 2^m ahead (m = k mod ceil(log2(n)), the one-peer time-varying exponential graph)
+  and keeps half: x_i <- (x_i + x_{i-2^m}) / 2. Each worker sends its model to one peer.
+  With ``push_sum=True`` the PushSum weight w travels with the parameters (numerator x = z * w,
+  de-biased model z = x / w, which is what the model's parameters hold); on this graph every worker
+  receives from exactly one peer, so w stays 1 and z = x exactly, as the paper notes for it.
+
+Every ``average_every`` steps (0: never) and at ``flush()`` an exact average (allreduce) of the
+parameters and the base optimizer's floating-point buffers brings the workers back together, so after
+``flush()`` (call it at epoch end, before evaluating and checkpointing) every worker holds the same
+model and state, and a checkpoint written by rank 0 resumes exactly.
+
+All messages are one ``alltoall`` per step, of the parameters flattened into one buffer (and w),
+with per-peer splits: the pairing is a function of the step and the rank only, the same on every
+worker, so no worker waits for a message that is not coming.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+import horovod.torch as hvd
+
+from .stats import CommStats
+
+TOPOLOGIES = ("ring", "exponential")
+
+
+def parse_spec(spec: str) -> dict:
+    """``gossip-ring`` | ``gossip-exp`` with ``-a<k>`` (an exact average every k steps) -> Gossip's
+    arguments (ring: D-PSGD; exp: SGP with PushSum weights). Used by hx-bench, the convergence
+    benchmark and the recipe's config."""
+    parts = spec.split("-")
+    kinds = {"ring": ("ring", False), "exp": ("exponential", True)}
+    if parts[0] != "gossip" or len(parts) < 2 or parts[1] not in kinds:
+        raise ValueError(f"Gossip spec {spec!r}: expected gossip-ring or gossip-exp, optionally -a<k> "
+                         f"(an exact average every k steps), e.g. gossip-exp-a10")
+    out = {"topology": kinds[parts[1]][0], "push_sum": kinds[parts[1]][1], "average_every": 0}
+    for part in parts[2:]:
+        if part[:1] == "a" and part[1:].isdigit():
+            out["average_every"] = int(part[1:])
+        else:
+            raise ValueError(f"Gossip spec {spec!r}: unknown option -{part}; valid: -a<k>")
+    return out
+
+
+def peers(topology: str, step: int, rank: int, size: int) -> tuple[list[int], list[int]]:
+    """(send to, receive from) of ``rank`` at ``step``: the same rule on every worker."""
+    if size == 1:
+        return [], []
+    if topology == "ring":
+        if size == 2:
+            return [1 - rank], [1 - rank]
+        return [(rank - 1) % size, (rank + 1) % size], [(rank - 1) % size, (rank + 1) % size]
+    shifts = [1 << m for m in range((size - 1).bit_length())]
+    s = shifts[step % len(shifts)]
+    return [(rank + s) % size], [(rank - s) % size]
+
+
+class Gossip:
+    """Wrap ``optimizer`` with decentralized averaging (see the module docstring).
+
+    Args:
+        optimizer: the base optimizer (local steps).
+        named_parameters: the model's ``named_parameters()`` (names the Horovod ops and checks).
+        topology: ``"ring"`` (D-PSGD) or ``"exponential"`` (SGP's one-peer exponential graph).
+        push_sum: carry PushSum weights (exponential graph only).
+        average_every: an exact allreduce average every this many steps (0: only at ``flush()``).
+        process_set: the Horovod process set that gossips.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, topology: str = "exponential",
+                 push_sum: bool = True, average_every: int = 0, process_set=hvd.global_process_set):
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"Gossip topology must be one of {TOPOLOGIES}, got {topology!r}")
+        if push_sum and topology != "exponential":
+            raise ValueError("Gossip push_sum=True is SGP on the exponential graph; the ring (D-PSGD) mixes with "
+                             "a symmetric matrix: pass push_sum=False")
+        if not isinstance(average_every, int) or average_every < 0:
+            raise ValueError(f"Gossip average_every must be an integer >= 0, got {average_every!r}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"Gossip wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        self.topology, self.push_sum, self.average_every = topology, bool(push_sum), average_every
+        self.process_set = process_set
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        named = list(named_parameters) if named_parameters is not None else None
+        by_id = {id(p): n for n, p in named} if named is not None else {}
+        if named is not None and any(id(p) not in by_id for p in params):
+            raise ValueError("Gossip: some of the optimizer's parameters are not in named_parameters")
+        self._params = params
+        self._names = [by_id.get(id(p), f"param.{i}") for i, p in enumerate(params)]
+        self.steps = 0                 # gossip steps taken (the graph's clock)
+        self.since_average = 0
+        self.weight = 1.0              # PushSum weight w
+        self._stats = CommStats()
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def zero_grad(self, set_to_none: bool = True):
+        return self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def synchronize(self):
+        """Nothing to wait for before the step (gradients stay local); for the trainer's clipping."""
+
+    def skip_synchronize(self):
+        import contextlib
+        return contextlib.nullcontext()
+
+    def step(self, closure=None):
+        """A local step, then one gossip round; every ``average_every`` steps an exact average."""
+        loss = self.optimizer.step(closure)
+        self._mix()
+        self.since_average += 1
+        if self.average_every and self.since_average >= self.average_every:
+            self._average()
+        return loss
+
+    def flush(self):
+        """An exact average of the models (and buffers) if any step was taken since the last one."""
+        if self.since_average:
+            self._average()
+
+    # ---------------------------------------------------------------- communication
+    @torch.no_grad()
+    def _mix(self) -> None:
+        size, rank = self.process_set.size(), self.process_set.rank()
+        send_to, recv_from = peers(self.topology, self.steps, rank, size)
+        self.steps += 1
+        if not send_to:
+            return
+        w = self.weight
+        flat = torch.cat([p.detach().reshape(-1) for p in self._params])
+        if self.push_sum:                             # numerator x = z * w, and w itself, travel together
+            flat = torch.cat([flat * w, flat.new_tensor([w])])
+        splits = torch.zeros(size, dtype=torch.int32)
+        for peer in send_to:
+            splits[peer] = flat.numel()
+        order = sorted(send_to)                       # alltoall sends the slices in rank order
+        payload = torch.cat([flat] * len(order))
+        t0 = time.perf_counter()
+        handle = hvd.alltoall_async(payload, splits=splits, name="hx.gossip.mix",
+                                    process_set=self.process_set)
+        received, _ = hvd.synchronize(handle)
+        st = self._stats
+        st.wait_s += time.perf_counter() - t0
+        nbytes = payload.numel() * payload.element_size()
+        st.bytes_handed += nbytes
+        st.bytes_alltoall += nbytes
+        st.alltoall_calls += 1
+        st.collectives += 1
+        parts = dict(zip(sorted(recv_from), received.view(len(recv_from), flat.numel())))
+        if self.topology == "ring":
+            total = flat.clone()
+            for peer in recv_from:                    # own, then left, then right (the replay's order)
+                total += parts[peer]
+            mixed = total * (1.0 / (len(recv_from) + 1))
+        else:
+            mixed = (flat + parts[recv_from[0]]) * 0.5
+        if self.push_sum:
+            w = float(mixed[-1])
+            mixed = mixed[:-1] / w
+            self.weight = w
+        self._write(mixed)
+
+    def _write(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self._params:
+            n = p.numel()
+            p.data.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+
+    @torch.no_grad()
+    def _average(self) -> None:
+        tensors = [(f"hx.gossip.avg.{name}", p.data) for name, p in zip(self._names, self._params)]
+        for name, p in zip(self._names, self._params):
+            for key, value in sorted(self.optimizer.state.get(p, {}).items()):
+                if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
+                    tensors.append((f"hx.gossip.avg.{name}.{key}", value))
+        t0 = time.perf_counter()
+        handles = [hvd.allreduce_async_(t, name=n, op=hvd.Average, process_set=self.process_set) for n, t in tensors]
+        for h in handles:
+            hvd.synchronize(h)
+        st = self._stats
+        st.wait_s += time.perf_counter() - t0
+        nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+        st.bytes_handed += nbytes
+        st.bytes_allreduce += nbytes
+        st.allreduce_calls += len(tensors)
+        st.collectives += len(tensors)
+        self.weight = 1.0
+        self.since_average = 0
+
+    # ---------------------------------------------------------------- reporting and checkpoints
+    def comm_stats(self) -> dict:
+        total = dataclasses.replace(self._stats, steps=self.steps,
+                                    gradient_elements=self.steps * sum(p.numel() for p in self._params))
+        return {"compression": f"gossip-{self.topology}" + ("-pushsum" if self.push_sum else ""),
+                "workers": self.process_set.size(), "adaptive": None, "total": total.as_dict(),
+                "gossip": {"topology": self.topology, "push_sum": self.push_sum, "average_every": self.average_every,
+                           "steps": self.steps, "since_average": self.since_average, "weight": self.weight}}
+
+    def state_dict(self) -> dict:
+        sd = self.optimizer.state_dict()
+        sd["gossip"] = {"topology": self.topology, "push_sum": self.push_sum, "average_every": self.average_every,
+                        "steps": self.steps, "since_average": self.since_average, "weight": self.weight}
+        return sd
+
+    def gather_state_dict(self, root_rank: int = 0):
+        """The state dict on ``root_rank`` (call after ``flush()``: it is then the same everywhere)."""
+        return self.state_dict() if self.process_set.rank() == root_rank else None
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        mine = state_dict.pop("gossip", None)
+        if mine is None:
+            raise ValueError("this optimizer state has no 'gossip' entry: it was not written by hx.Gossip")
+        self.optimizer.load_state_dict(state_dict)
+        self.steps, self.since_average = int(mine["steps"]), int(mine["since_average"])
+        self.weight = float(mine["weight"])
+
+    @classmethod
+    def from_spec(cls, optimizer, named_parameters, spec: str, process_set=hvd.global_process_set):
+        """Build from a spec string (see :func:`parse_spec`)."""
+        return cls(optimizer, named_parameters, process_set=process_set, **parse_spec(spec))
+
+    def __repr__(self) -> str:
+        return (f"Gossip(topology={self.topology!r}, push_sum={self.push_sum}, average_every={self.average_every}, "
+                f"base={type(self.optimizer).__name__})")
