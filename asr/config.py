@@ -66,6 +66,8 @@ class TrainConfig:
     pipeline: bool = False
     slowmo: str = ""                    # hx.SlowMo instead of every-step averaging: slowmo<tau>[-m<momentum>][-<codec>]
                                         # (e.g. slowmo4: local Adam steps, an average every 4); compression must be none
+    gossip: str = ""                    # hx.Gossip instead of allreduce: gossip-ring (D-PSGD) | gossip-exp (SGP) [-a<k>:
+                                        # an exact average every k steps]; compression must be none
     comm_warmup_steps: int = 0          # first steps reduce plain fp32, synchronously (no codec, no pipeline)
     backward_passes_per_step: int = 1
     amp: str = "none"                   # none | bf16 | fp16 (autocast on GPU hosts)
@@ -82,8 +84,12 @@ class TrainConfig:
     commit_every: int = 20              # elastic: commit the state every this many steps (and at epoch end)
 
     def __post_init__(self):
+        if self.gossip:
+            self._check_gossip()
         if not self.slowmo:
             return
+        if self.gossip:
+            raise ConfigError(f"train.slowmo={self.slowmo} and train.gossip={self.gossip}: pick one")
         from horovod_ext.slowmo import parse_spec
         try:
             spec = parse_spec(self.slowmo)
@@ -96,6 +102,16 @@ class TrainConfig:
         if not spec["inner"] and (self.pipeline or self.comm_warmup_steps or self.backward_passes_per_step != 1):
             raise ConfigError(f"train.slowmo={self.slowmo} takes local steps: train.pipeline, comm_warmup_steps and "
                               f"backward_passes_per_step are for an inner codec (e.g. slowmo{spec['tau']}-global_qsgd8)")
+
+    def _check_gossip(self) -> None:
+        from horovod_ext.gossip import parse_spec
+        try:
+            parse_spec(self.gossip)
+        except ValueError as e:
+            raise ConfigError(f"train.gossip: {e}") from None
+        if self.compression != "none" or self.pipeline or self.comm_warmup_steps or self.backward_passes_per_step != 1:
+            raise ConfigError(f"train.gossip={self.gossip} exchanges models, not gradients: leave train.compression=none, "
+                              f"train.pipeline=false, comm_warmup_steps=0 and backward_passes_per_step=1")
     trace_utterances: bool = False      # write every step's utterance ids to OUT_DIR/trace/ (audit of an epoch)
 
 

@@ -172,8 +172,8 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.model = BFA(self.model_cfg).to(self.device)
         base = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr * size, weight_decay=cfg.train.weight_decay)
-        if cfg.train.slowmo:
-            self.opt = self._slowmo(base)
+        if cfg.train.slowmo or cfg.train.gossip:
+            self.opt = self._averaging_optimizer(base)
         else:
             self.opt = hx.DistributedOptimizer(base, self.model.named_parameters(),
                                                compression=hx.Compression.from_spec(cfg.train.compression),
@@ -200,15 +200,18 @@ class Trainer:
         self.comm_before = {"wait_s": 0.0, "skipped_steps": 0}   # comm_stats() counts from process start
         self.progress = {"step": 0, "mark": time.time()}         # last completed step; time counted up to
 
-    def _slowmo(self, base):
-        """train.slowmo: local (or codec-averaged) steps, an exact average and a slow momentum every tau."""
+    def _averaging_optimizer(self, base):
+        """train.slowmo (local or codec-averaged steps, an exact average and a slow momentum every tau) or
+        train.gossip (models mixed with one or two peers per step); the settings were checked with the config."""
         import horovod_ext as hx
         from horovod_ext.slowmo import parse_spec
         cfg = self.cfg.train
-        spec = parse_spec(cfg.slowmo)            # checked with the config (asr.config.TrainConfig)
         if self.elastic:
-            raise ValueError("train.slowmo is not supported in elastic runs (a worker lost mid-period would take "
-                             "its local steps with it); run without elastic or without slowmo")
+            raise ValueError(f"train.{'slowmo' if cfg.slowmo else 'gossip'} is not supported in elastic runs (a worker "
+                             f"lost between averages would take its local steps with it)")
+        if cfg.gossip:
+            return hx.Gossip.from_spec(base, self.model.named_parameters(), cfg.gossip)
+        spec = parse_spec(cfg.slowmo)
         inner = dict(backward_passes_per_step=cfg.backward_passes_per_step, pipeline=cfg.pipeline,
                      warmup_steps=cfg.comm_warmup_steps, nonfinite=cfg.nonfinite) if spec["inner"] else {}
         return hx.SlowMo(base, self.model.named_parameters(), **spec, **inner)
@@ -234,6 +237,7 @@ class Trainer:
                   "train_utts": len(self.train_set), "dev_utts": len(self.dev_set),
                   "batches_per_epoch": len(self.sampler), "compression": cfg.train.compression,
                   **({"slowmo": cfg.train.slowmo} if cfg.train.slowmo else {}),
+                  **({"gossip": cfg.train.gossip} if cfg.train.gossip else {}),
                   "pipeline": cfg.train.pipeline, "peak_lr": cfg.train.lr * self.hvd.size(), "cores": self.cores,
                   "config": cfg.to_dict(),
                   **({"elastic": True, "commit_every": cfg.train.commit_every} if self.elastic else {})})
@@ -276,8 +280,8 @@ class Trainer:
                     start_epoch, step = self._load(ckpt)
             else:
                 hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-                hvd.broadcast_optimizer_state(getattr(self.opt, "optimizer", self.opt) if self.cfg.train.slowmo
-                                              else self.opt, root_rank=0)
+                averaging = self.cfg.train.slowmo or self.cfg.train.gossip
+                hvd.broadcast_optimizer_state(self.opt.optimizer if averaging else self.opt, root_rank=0)
             trained_s = hvd.broadcast_object(_trained_seconds(self.log_path) if rank == 0 else None, 0,
                                              name="trained_s")
         self.progress["step"] = step

@@ -47,3 +47,13 @@ def test_slowmo_settings_are_checked():
     with pytest.raises(ConfigError, match="takes local steps"):
         load_config(None, ["train.slowmo=slowmo4", "train.pipeline=true"])
     load_config(None, ["train.slowmo=slowmo4-global_qsgd8", "train.pipeline=true"])   # pipelining the inner codec
+
+
+def test_gossip_settings_are_checked():
+    assert load_config(None, ["train.gossip=gossip-exp-a10"]).train.gossip == "gossip-exp-a10"
+    with pytest.raises(ConfigError, match="train.gossip: Gossip spec 'gossip-star'"):
+        load_config(None, ["train.gossip=gossip-star"])
+    with pytest.raises(ConfigError, match="exchanges models, not gradients"):
+        load_config(None, ["train.gossip=gossip-ring", "train.compression=topk0.01"])
+    with pytest.raises(ConfigError, match="pick one"):
+        load_config(None, ["train.gossip=gossip-ring", "train.slowmo=slowmo4"])

@@ -120,21 +120,22 @@ def test_resume_gives_the_same_next_loss(corpus, tmp_path):
     assert part_steps == full_steps                            # and every one after it
 
 
-@pytest.mark.parametrize("codec", ["none", "global_qsgd8+pipe", "slowmo2"])
+@pytest.mark.parametrize("codec", ["none", "global_qsgd8+pipe", "slowmo2", "gossip-exp"])
 def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corpus, tmp_path, codec):
     """Issue 14: a 2-worker --resume used to hang. Now the steps after resuming from an epoch
     checkpoint have exactly the losses of the uninterrupted run (fusion off: Horovod's sums are then
     deterministic), codec state included; and a corrupt audio file in the training manifest is
     skipped, counted and logged without desynchronizing the workers. Issue 19: the same for SlowMo
-    (local Adam steps, an average every 2; the epoch's end flushes the period into the checkpoint)."""
+    (local Adam steps, an average every 2) and Gossip (SGP): the epoch's end flushes into an exact
+    average, which the checkpoint holds."""
     rows = [json.loads(x) for x in (corpus / "train.jsonl").read_text().splitlines()]
     (corpus / "corrupt.flac").write_bytes(b"fLaC" + bytes(200))
     rows[3] = dict(rows[3], audio_filepath="corrupt.flac")
     (corpus / "train_bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     full, part = tmp_path / "full", tmp_path / "part"
-    slowmo = codec.startswith("slowmo")
-    extra = dict(train__batch_seconds=20, data__dev_subset=2, train__compression="none" if slowmo else codec.split("+")[0],
-                 train__pipeline=str(codec.endswith("+pipe")).lower(), **({"train__slowmo": codec} if slowmo else {}))
+    averaging = codec.split("-")[0].rstrip("0123456789") if codec.startswith(("slowmo", "gossip")) else None
+    extra = dict(train__batch_seconds=20, data__dev_subset=2, train__compression="none" if averaging else codec.split("+")[0],
+                 train__pipeline=str(codec.endswith("+pipe")).lower(), **({f"train__{averaging}": codec} if averaging else {}))
     env = {"HOROVOD_FUSION_THRESHOLD": "0"}
     proc = train(overrides(corpus, full, train="train_bad.jsonl", train__epochs=2, **extra), np_=2, env=env)
     assert "corrupt.flac" in proc.stdout + proc.stderr        # the skip names the file
@@ -148,7 +149,7 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     train(overrides(corpus, part, train="train_bad.jsonl", train__epochs=2, **extra) + ["--resume"], np_=2,
           env=env, timeout=300)
     resume = next(r for r in log_records(part) if r["event"] == "resume")
-    assert resume["epoch"] == 1 and resume["codec_state_workers"] == (None if slowmo else 2)
+    assert resume["epoch"] == 1 and resume["codec_state_workers"] == (None if averaging else 2)
     steps = lambda run: [(r["step"], r["loss"]) for r in log_records(run) if r["event"] == "step"]
     after = [s for s in steps(full) if s[0] > resume["step"]]
     assert after and steps(part) == after

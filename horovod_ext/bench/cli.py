@@ -53,9 +53,9 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=20, help="timed steps per method after warm-up (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per method (default 5; adaptive transport decides after warmup-2)")
     p.add_argument("--methods", default=None,
-                   help=f"comma-separated; baselines {BASELINES}; ours hx_SPEC and hx_SPEC+pipe, and SlowMo as "
-                        f"hx_slowmo<tau>[-<codec>] (its step figure is the mean over the timed steps, not the "
-                        f"median) (default: all baselines and hx_ for {DEFAULT_HX}, with and without +pipe)")
+                   help=f"comma-separated; baselines {BASELINES}; ours hx_SPEC and hx_SPEC+pipe, SlowMo as "
+                        f"hx_slowmo<tau>[-<codec>] and Gossip as hx_gossip-ring|exp[-a<k>] (their step figure is the "
+                        f"mean over the timed steps, not the median) (default: all baselines and hx_ for {DEFAULT_HX}, with and without +pipe)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     p.add_argument("--no-adaptive", action="store_true",
                    help="turn the adaptive cost rule off, so every hx method compresses and its own speed shows "

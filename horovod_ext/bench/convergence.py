@@ -29,7 +29,8 @@ import time
 #: most a codec's final loss may exceed fp32's, relative (the same with SGD, SGD momentum 0.9 and Adam)
 TARGETS = {"fp16": 0.005, "bf16": 0.005, "global_qsgd8": 0.01, "global_qsgd4": 0.03,
            "topk0.01": 0.03, "topk0.01-imp": 0.03, "topk0.01-def": 0.03, "random_block0.01": 0.03,
-           "random_block0.01-ef": None, "powersgd4": None, "slowmo4": 0.01, "slowmo4-m0": None}
+           "random_block0.01-ef": None, "powersgd4": None, "slowmo4": 0.01, "slowmo4-m0": None,
+           "gossip-ring": 0.02, "gossip-exp": 0.02}
 DEFAULT_LR = {"sgd": 0.5, "adam": 5e-3}
 DEFAULT_METHODS = ("none,fp16,bf16,global_qsgd8,global_qsgd4,topk0.01,topk0.01-imp,topk0.01-def,"
                    "random_block0.01,random_block0.01-ef,powersgd4")
@@ -40,7 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=2, help="Horovod processes on localhost (default 2)")
     p.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated codec specs (hx.Compression.from_spec) and SlowMo specs (slowmo<tau>"
-                        "[-m<slow momentum>][-a<slow lr>][-<codec>], hx.SlowMo.from_spec)")
+                        "[-m<slow momentum>][-a<slow lr>][-<codec>], hx.SlowMo.from_spec) and Gossip specs "
+                        "(gossip-ring, gossip-exp[-a<k>], hx.Gossip.from_spec)")
     p.add_argument("--steps", type=int, default=600, help="optimizer steps per method (default 600)")
     p.add_argument("--batch", type=int, default=64, help="examples per worker per step (default 64)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
@@ -94,6 +96,8 @@ def run_method(spec: str, args, x, y):
         base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     if spec.startswith("slowmo"):
         opt = hx.SlowMo.from_spec(base, model.named_parameters(), spec)
+    elif spec.startswith("gossip"):
+        opt = hx.Gossip.from_spec(base, model.named_parameters(), spec)
     else:
         opt = hx.DistributedOptimizer(base, model.named_parameters(), compression=hx.Compression.from_spec(spec))
     shard_x, shard_y = x[rank::size], y[rank::size]
@@ -107,7 +111,7 @@ def run_method(spec: str, args, x, y):
         loss.backward()
         opt.step()
         curve.append(float(hvd.allreduce(loss.detach(), name=f"loss.{spec}", op=hvd.Average)))
-    opt.flush()                      # SlowMo: the last (short) period's average; pipelining: what is in flight
+    opt.flush()     # SlowMo: the last (short) period's average; Gossip: the final exact average; pipelining: in flight
     elapsed = time.perf_counter() - t0
     # Every codec is evaluated at rank 0's parameters as they are (DEF: rank 0's own perturbed model).
     with torch.no_grad():

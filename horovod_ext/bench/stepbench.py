@@ -85,6 +85,9 @@ def make_optimizer(method: str, model, lr: float, hvd, hx, powersgd_rank: int, l
                                        start_powerSGD_iter=2, min_compression_rate=2)
         ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
         return ddp, torch.optim.SGD(ddp.parameters(), lr=lr), _powersgd_bytes(model, powersgd_rank), None
+    if method.startswith("hx_gossip"):
+        opt = hx.Gossip.from_spec(torch.optim.SGD(model.parameters(), lr=lr), model.named_parameters(), method[3:])
+        return model, opt, None, opt
     if method.startswith("hx_slowmo"):
         from ..slowmo import parse_spec
         spec, _, pipe = method[3:].partition("+")
@@ -168,9 +171,9 @@ def main(argv=None) -> None:
         # codec figures over the timed steps only (the first steps allocate buffers and state)
         on_warm = (lambda: warm.update(hx_opt.comm_stats()["total"])) if hx_opt is not None else None
         times = time_steps(call, opt, make_batch, loss_fn, args.steps, args.warmup, seed=rank, on_warm=on_warm)
-        # SlowMo communicates every tau-th step: the median would skip those, so its figure is the mean
-        # over the timed steps (a whole number of periods when tau divides --steps)
-        statistic = statistics.mean if method.startswith("hx_slowmo") else statistics.median
+        # SlowMo (and Gossip with -a<k>) communicate more on some steps: the median would skip those, so
+        # their figure is the mean over the timed steps (a whole number of periods when tau divides --steps)
+        statistic = statistics.mean if method.startswith(("hx_slowmo", "hx_gossip")) else statistics.median
         step = float(hvd.allreduce(torch.tensor(statistic(times)), name=f"t.{method}", op=hvd.Max))
         rec = dict(base, method=method, median_step_s=step, step_statistic=statistic.__name__, step_times_s=times,
                    exposed_comm_s=max(step - compute, 0.0), comm_fraction=max(step - compute, 0.0) / step)
