@@ -4,6 +4,9 @@ VENV ?= .venv
 PY   := $(VENV)/bin/python
 export HX_VENV := $(abspath $(VENV))
 
+# SlowMo, Gossip and top-k's sparse allreduce against fp32 allreduce and allgather top-k, at 4 workers
+ISSUE19 := none,slowmo4,slowmo4-m0.5-a0.5,gossip-ring,gossip-exp,topk0.01,topk0.01-sar
+
 .PHONY: setup test test-fast demo bench-convergence clean
 
 setup:
@@ -19,6 +22,9 @@ bench-convergence: setup
 	$(PY) -m horovod_ext.bench.convergence --out out/convergence
 	$(PY) -m horovod_ext.bench.convergence --momentum 0.9 --lr 0.05 --out out/convergence-momentum
 	$(PY) -m horovod_ext.bench.convergence --optimizer adam --out out/convergence-adam
+	$(PY) -m horovod_ext.bench.convergence --workers 4 --methods $(ISSUE19) --out out/convergence-4w
+	$(PY) -m horovod_ext.bench.convergence --workers 4 --momentum 0.9 --lr 0.05 --methods $(ISSUE19) --out out/convergence-4w-momentum
+	$(PY) -m horovod_ext.bench.convergence --workers 4 --optimizer adam --methods $(ISSUE19) --out out/convergence-4w-adam
 
 clean:
 	rm -rf out exp .pytest_cache

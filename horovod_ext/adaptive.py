@@ -12,7 +12,8 @@ the same collectives for a tensor):
   Where the backend itself sums the codec's payload more slowly than fp32 (float16 on CPU
   backends: Gloo and MPI sum it one element at a time, about 20 ns per element on the
   development host, against 0.2 ns for the cast), that cost is measured once by timing an
-  allreduce of each dtype (:func:`backend_sum_cost`) and counted with the codec's.
+  allreduce of each dtype (:func:`backend_sum_cost`), after waiting for the gradients in flight
+  (pipelining) so that their traffic does not skew it, and counted with the codec's.
 
 The decision must come out the same in repeated runs on the same machine, so the cost is measured
 the way a busy machine disturbs least: the codec's CPU time on its own thread (a preempted thread,
@@ -69,28 +70,25 @@ class Adaptive:
 
 
 def backend_sum_cost(dtype: torch.dtype, device, process_set=hvd.global_process_set,
-                     numel: int = 1 << 18, repeats: int = 3) -> float:
+                     numel: int = 1 << 18, repeats: int = 5) -> float:
     """What an allreduce in ``dtype`` costs per element beyond its share of an fp32 one, in seconds.
 
-    Times ``repeats`` allreduces of ``numel`` elements in ``dtype`` and in float32 (after one of each
-    untimed) and returns ``max(0, t_dtype - t_fp32 * bits / 32) / numel``, the lowest time of each
-    (interference only adds) and the slowest worker's (one Max allreduce, so every worker agrees).
-    On a link-bound backend that sums in hardware (NCCL) it is about 0; where the backend sums
-    ``dtype`` in software (Gloo and MPI on CPU tensors, float16) it is that summing time.
-    A collective: every worker of ``process_set`` must call it at the same point."""
-    def timed(dt: torch.dtype, tag: str) -> float:
-        t = torch.ones(numel, dtype=dt, device=device)
-        best = float("inf")
-        for i in range(repeats + 1):
+    Times ``repeats`` allreduces of ``numel`` elements in ``dtype`` and in float32, interleaved (after
+    one of each untimed), and returns ``max(0, t_dtype - t_fp32 * bits / 32) / numel``, the lowest
+    time of each (interference only adds) and the slowest worker's (one Max allreduce, so every
+    worker agrees). On a link-bound backend that sums in hardware (NCCL) it is about 0; where the
+    backend sums ``dtype`` in software (Gloo and MPI on CPU tensors, float16) it is that summing
+    time. A collective: every worker of ``process_set`` must call it at the same point, with no
+    other collective in flight (the caller waits for its own first)."""
+    low, fp32 = torch.ones(numel, dtype=dtype, device=device), torch.ones(numel, dtype=torch.float32, device=device)
+    best = {dtype: float("inf"), torch.float32: float("inf")}
+    for i in range(repeats + 1):
+        for t in (low, fp32):
             t0 = time.perf_counter()
-            hvd.allreduce(t, name=f"hx.adaptive.probe.{tag}.{i}", op=hvd.Sum, process_set=process_set)
-            if i:                                             # the first one sets up buffers
-                best = min(best, time.perf_counter() - t0)
-        return best
-
-    t_low = timed(dtype, str(dtype).replace("torch.", ""))
-    t_fp32 = timed(torch.float32, "float32")
+            hvd.allreduce(t, name=f"hx.adaptive.probe.{str(t.dtype)[6:]}.{i}", op=hvd.Sum, process_set=process_set)
+            if i:                                             # the first round sets up buffers
+                best[t.dtype] = min(best[t.dtype], time.perf_counter() - t0)
     bits = torch.finfo(dtype).bits
-    local = max(0.0, t_low - t_fp32 * bits / 32) / numel
+    local = max(0.0, best[dtype] - best[torch.float32] * bits / 32) / numel
     return float(hvd.allreduce(torch.tensor([local], dtype=torch.float64), name="hx.adaptive.probe.cost",
                                op=hvd.Max, process_set=process_set)[0])

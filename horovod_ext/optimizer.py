@@ -413,6 +413,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         sum_dtype = getattr(self._compression, "backend_sum_dtype", None)
         if (sum_dtype is not None and self.adaptive.link_gbps and self.process_set.size() > 1
                 and self._requires_update):
+            if self._rounds.inflight:        # pipelined: their traffic would skew the probe (they stay in place)
+                self._rounds.wait(self._rounds.inflight, self._ledger.step)
             device = next(iter(self._requires_update)).device
             backend = backend_sum_cost(sum_dtype, device, self.process_set)
         self.adaptive.decide(agreed, st.bits_per_element, self.process_set.size(), backend)

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.horovod
 
 ENV = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_DYNAMIC_PROCESS_SETS": "1"}
 SPECS = ["none", "fp16", "bf16", "global_qsgd8", "global_qsgd8-tensor", "global_qsgd8-b64", "global_qsgd4",
-         "topk0.05", "topk0.05-imp", "random_block0.05", "random_block0.05-ef", "powersgd4"]
+         "topk0.05", "topk0.05-imp", "topk0.05-sar", "random_block0.05", "random_block0.05-ef", "powersgd4"]
 JOIN_OK = {"none", "fp16", "global_qsgd8", "global_qsgd8-tensor", "global_qsgd8-b64", "global_qsgd4",
            "random_block0.05", "random_block0.05-ef", "powersgd4"}
 

@@ -98,12 +98,13 @@ def test_bits_per_element(reports):
 
 def test_adaptive_rule_measures_the_backends_float16_sum(reports):
     # The probe is a collective that every worker runs and agrees on (Max), so the verdicts match.
-    for spec in ("fp16", "global_qsgd8"):
+    for spec in ("fp16", "fp16+pipe", "global_qsgd8"):
         verdicts = {(r["adaptive_backend"][spec]["compress"], r["adaptive_backend"][spec]["backend_s_per_element"])
                     for r in reports}
         assert len(verdicts) == 1, (spec, verdicts)
-    fp16 = reports[0]["adaptive_backend"]["fp16"]
-    assert fp16["decided"] and fp16["backend_s_per_element"] >= 0.0
+    for spec in ("fp16", "fp16+pipe"):          # pipelined: probed after the gradients in flight arrived
+        fp16 = reports[0]["adaptive_backend"][spec]
+        assert fp16["decided"] and fp16["backend_s_per_element"] >= 0.0
     assert reports[0]["adaptive_backend"]["global_qsgd8"]["backend_s_per_element"] == 0.0   # nothing to measure
 
 

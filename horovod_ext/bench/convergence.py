@@ -86,6 +86,7 @@ def run_method(spec: str, args, x, y):
     import torch.nn.functional as F
     import horovod.torch as hvd
     import horovod_ext as hx
+    from horovod_ext.stats import CommStats
 
     rank, size = hvd.rank(), hvd.size()
     model = make_model(args.seed)
@@ -120,7 +121,11 @@ def run_method(spec: str, args, x, y):
     stats = opt.comm_stats()["total"]
     return {"method": spec, "final_loss": None if diverged else final, "diverged": diverged,
             "curve": [c if math.isfinite(c) else None for c in curve], "seconds": elapsed,
-            "bits_per_element": stats["bits_per_element"], "compress_s": stats["compress_s"],
+            "bits_per_element": stats["bits_per_element"],
+            # what one worker sends on the wire (allgather: the rows it forwards), per gradient element and step
+            "wire_bits_per_element": 8 * CommStats(**{f: stats[f] for f in CommStats.__dataclass_fields__}).wire_bytes(size)
+                                     / max(stats["gradient_elements"], 1),
+            "compress_s": stats["compress_s"],
             "decompress_s": stats["decompress_s"]}
 
 
@@ -153,12 +158,13 @@ def worker(args) -> None:
             "command": "python -m horovod_ext.bench.convergence " + " ".join(sys.argv[1:])}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
-    print(f"\n{setting(meta)}\n\n| method | final loss | vs fp32 | target | bits/element |\n|---|---|---|---|---|")
+    print(f"\n{setting(meta)}\n\n| method | final loss | vs fp32 | target | bits/element handed | wire bits/element |\n"
+          f"|---|---|---|---|---|---|")
     for r in results:
         rel = "" if r["rel_diff_vs_fp32"] is None else f"{100 * r['rel_diff_vs_fp32']:+.2f}%"
         tgt = "" if r["target"] is None else (f"≤+{100 * r['target']:.1f}% " + ("ok" if r["meets_target"] else "MISSED"))
         loss = "diverged" if r["diverged"] else f"{r['final_loss']:.4f}"
-        print(f"| {r['method']} | {loss} | {rel} | {tgt} | {r['bits_per_element']:.2f} |")
+        print(f"| {r['method']} | {loss} | {rel} | {tgt} | {r['bits_per_element']:.2f} | {r['wire_bits_per_element']:.2f} |")
     judged = [r for r in results if r["meets_target"] is not None]
     if judged:
         missed = [r["method"] for r in judged if not r["meets_target"]]

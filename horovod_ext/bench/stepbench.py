@@ -111,8 +111,9 @@ def make_optimizer(method: str, model, lr: float, hvd, hx, powersgd_rank: int, l
     raise ValueError(f"unknown method {method!r}")
 
 
-def time_steps(model, opt, make_batch, loss_fn, steps: int, warmup: int, seed: int, on_warm=None):
-    """Step times after ``warmup`` untimed steps; ``on_warm()`` is called when the timed steps start."""
+def time_steps(model, opt, make_batch, loss_fn, steps: int, warmup: int, seed: int, on_warm=None, on_end=None):
+    """Step times after ``warmup`` untimed steps; ``on_warm()`` is called when the timed steps start and
+    ``on_end()`` after the last one, before ``opt.flush()`` (whose traffic belongs to no timed step)."""
     g = torch.Generator().manual_seed(seed)
     batches = [make_batch(g) for _ in range(4)]
     times = []
@@ -125,6 +126,8 @@ def time_steps(model, opt, make_batch, loss_fn, steps: int, warmup: int, seed: i
         loss_fn(model(x), y).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
+    if on_end is not None:
+        on_end()
     if hasattr(opt, "flush"):
         opt.flush()
     return times[warmup:]
@@ -169,8 +172,11 @@ def main(argv=None) -> None:
                                                    cost_rule=not args.no_adaptive)
         warm = {}
         # codec figures over the timed steps only (the first steps allocate buffers and state)
+        end = {}
         on_warm = (lambda: warm.update(hx_opt.comm_stats()["total"])) if hx_opt is not None else None
-        times = time_steps(call, opt, make_batch, loss_fn, args.steps, args.warmup, seed=rank, on_warm=on_warm)
+        on_end = (lambda: end.update(hx_opt.comm_stats()["total"])) if hx_opt is not None else None
+        times = time_steps(call, opt, make_batch, loss_fn, args.steps, args.warmup, seed=rank, on_warm=on_warm,
+                           on_end=on_end)
         # SlowMo (and Gossip with -a<k>) communicate more on some steps: the median would skip those, so
         # their figure is the mean over the timed steps (a whole number of periods when tau divides --steps)
         statistic = statistics.mean if method.startswith(("hx_slowmo", "hx_gossip")) else statistics.median
@@ -178,7 +184,6 @@ def main(argv=None) -> None:
         rec = dict(base, method=method, median_step_s=step, step_statistic=statistic.__name__, step_times_s=times,
                    exposed_comm_s=max(step - compute, 0.0), comm_fraction=max(step - compute, 0.0) / step)
         if hx_opt is not None:
-            end = hx_opt.comm_stats()["total"]
             st = {f: end[f] - warm.get(f, 0) for f in CommStats.__dataclass_fields__}
             st["bits_per_element"] = end["bits_per_element"]
             k = max(st["steps"], 1)

@@ -42,7 +42,7 @@ torch.set_num_threads(1)
 report = {"rank": R, "size": N, "mode": MODE}
 
 SPECS = ["none", "fp16", "bf16", "global_qsgd8", "global_qsgd8-tensor", "global_qsgd8-b64", "global_qsgd4",
-         "topk0.05", "topk0.05-imp", "random_block0.05", "random_block0.05-ef", "powersgd4"]
+         "topk0.05", "topk0.05-imp", "topk0.05-sar", "random_block0.05", "random_block0.05-ef", "powersgd4"]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 

@@ -237,15 +237,17 @@ report["bits_adaptive_default"] = {spec: bits_for(hx.Compression.from_spec(spec)
 # ---- the adaptive cost rule measures the backend's float16 sum (and only for fp16) ----------------------------
 def decided(spec):
     model = torch.nn.Linear(256, 256)
+    spec, _, pipe = spec.partition("+")
     opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model.named_parameters(),
-                                  compression=hx.Compression.from_spec(spec),
+                                  compression=hx.Compression.from_spec(spec), pipeline=pipe == "pipe",
                                   adaptive=hx.Adaptive(link_gbps=10.0, measure_steps=2, min_numel=1))
     for _ in range(4):
         opt.zero_grad()
         model(torch.randn(4, 256)).pow(2).mean().backward()
         opt.step()
+    opt.flush()
     return opt.comm_stats()["adaptive"]
 
 
-report["adaptive_backend"] = {spec: decided(spec) for spec in ("fp16", "global_qsgd8")}
+report["adaptive_backend"] = {spec: decided(spec) for spec in ("fp16", "fp16+pipe", "global_qsgd8")}
 emit(report)
