@@ -70,7 +70,7 @@ class Adaptive:
 
 
 def backend_sum_cost(dtype: torch.dtype, device, process_set=hvd.global_process_set,
-                     numel: int = 1 << 18, repeats: int = 5) -> float:
+                     numel: int = 1 << 20, repeats: int = 5) -> float:
     """What an allreduce in ``dtype`` costs per element beyond its share of an fp32 one, in seconds.
 
     Times ``repeats`` allreduces of ``numel`` elements in ``dtype`` and in float32, interleaved (after
