@@ -18,8 +18,9 @@ parameters and the base optimizer's floating-point buffers brings the workers ba
 ``flush()`` (call it at epoch end, before evaluating and checkpointing) every worker holds the same
 model and state, and a checkpoint written by rank 0 resumes exactly.
 
-All messages are one ``alltoall`` per step, of the parameters flattened into one buffer (and w),
-with per-peer splits: the pairing is a function of the step and the rank only, the same on every
+Two workers mix by one allreduce Average (the pair's mean is what both graphs ask for). From three on,
+every step is one ``alltoall`` with per-peer splits of the parameters flattened into one buffer
+(and w): the pairing is a function of the step and the rank only, the same on every
 worker, so no worker waits for a message that is not coming.
 """
 from __future__ import annotations
@@ -103,6 +104,7 @@ class Gossip:
         self.since_average = 0
         self.weight = 1.0              # PushSum weight w
         self._stats = CommStats()
+        self._buf: torch.Tensor | None = None      # the flattened model, reused every step
 
     @property
     def param_groups(self):
@@ -144,39 +146,59 @@ class Gossip:
         self.steps += 1
         if not send_to:
             return
-        w = self.weight
-        flat = torch.cat([p.detach().reshape(-1) for p in self._params])
-        if self.push_sum:                             # numerator x = z * w, and w itself, travel together
-            flat = torch.cat([flat * w, flat.new_tensor([w])])
-        splits = torch.zeros(size, dtype=torch.int32)
-        for peer in send_to:
-            splits[peer] = flat.numel()
-        order = sorted(send_to)                       # alltoall sends the slices in rank order
-        payload = torch.cat([flat] * len(order))
+        flat = self._flatten()
         t0 = time.perf_counter()
-        handle = hvd.alltoall_async(payload, splits=splits, name="hx.gossip.mix",
-                                    process_set=self.process_set)
-        received, _ = hvd.synchronize(handle)
+        if size == 2:
+            # Two workers: both graphs mix (x_0 + x_1) / 2, which is one allreduce Average, a ring that
+            # runs both directions at the link's rate (the alltoall of the model reached about half).
+            hvd.allreduce_(flat, name="hx.gossip.pair", op=hvd.Average, process_set=self.process_set)
+            self._count(t0, "allreduce", flat.numel() * flat.element_size())
+            mixed = flat
+        else:
+            splits = torch.zeros(size, dtype=torch.int32)
+            for peer in send_to:
+                splits[peer] = flat.numel()
+            payload = flat if len(send_to) == 1 else torch.cat([flat] * len(send_to))   # slices in rank order
+            received, _ = hvd.alltoall(payload, splits=splits, name="hx.gossip.mix", process_set=self.process_set)
+            self._count(t0, "alltoall", payload.numel() * payload.element_size())
+            parts = dict(zip(sorted(recv_from), received.view(len(recv_from), flat.numel())))
+            if self.topology == "ring":
+                mixed = flat.clone()
+                for peer in recv_from:                # own, then left, then right (the replay's order)
+                    mixed += parts[peer]
+                mixed *= 1.0 / (len(recv_from) + 1)
+            else:
+                mixed = (flat + parts[recv_from[0]]) * 0.5
+        if self.push_sum:
+            self.weight = float(mixed[-1])
+            mixed = mixed[:-1]
+            if self.weight != 1.0:                    # de-bias: z = x / w (on this graph w stays 1)
+                mixed = mixed / self.weight
+        self._write(mixed)
+
+    def _flatten(self) -> torch.Tensor:
+        """The parameters in one buffer (reused), times w and with w appended under PushSum."""
+        numel = sum(p.numel() for p in self._params) + (1 if self.push_sum else 0)
+        ref = self._params[0]
+        if self._buf is None or self._buf.numel() != numel or self._buf.device != ref.device:
+            self._buf = torch.empty(numel, dtype=ref.dtype, device=ref.device)
+        flat, offset = self._buf, 0
+        for p in self._params:
+            flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
+            offset += p.numel()
+        if self.push_sum:                             # numerator x = z * w, and w itself, travel together
+            flat[-1] = self.weight
+            if self.weight != 1.0:
+                flat[:-1] *= self.weight
+        return flat
+
+    def _count(self, t0: float, kind: str, nbytes: int) -> None:
         st = self._stats
         st.wait_s += time.perf_counter() - t0
-        nbytes = payload.numel() * payload.element_size()
         st.bytes_handed += nbytes
-        st.bytes_alltoall += nbytes
-        st.alltoall_calls += 1
+        setattr(st, f"bytes_{kind}", getattr(st, f"bytes_{kind}") + nbytes)
+        setattr(st, f"{kind}_calls", getattr(st, f"{kind}_calls") + 1)
         st.collectives += 1
-        parts = dict(zip(sorted(recv_from), received.view(len(recv_from), flat.numel())))
-        if self.topology == "ring":
-            total = flat.clone()
-            for peer in recv_from:                    # own, then left, then right (the replay's order)
-                total += parts[peer]
-            mixed = total * (1.0 / (len(recv_from) + 1))
-        else:
-            mixed = (flat + parts[recv_from[0]]) * 0.5
-        if self.push_sum:
-            w = float(mixed[-1])
-            mixed = mixed[:-1] / w
-            self.weight = w
-        self._write(mixed)
 
     def _write(self, flat: torch.Tensor) -> None:
         offset = 0
@@ -196,13 +218,9 @@ class Gossip:
         handles = [hvd.allreduce_async_(t, name=n, op=hvd.Average, process_set=self.process_set) for n, t in tensors]
         for h in handles:
             hvd.synchronize(h)
-        st = self._stats
-        st.wait_s += time.perf_counter() - t0
-        nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
-        st.bytes_handed += nbytes
-        st.bytes_allreduce += nbytes
-        st.allreduce_calls += len(tensors)
-        st.collectives += len(tensors)
+        for _, t in tensors:
+            self._count(t0, "allreduce", t.numel() * t.element_size())
+            t0 = time.perf_counter()
         self.weight = 1.0
         self.since_average = 0
 

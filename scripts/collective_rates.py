@@ -21,6 +21,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mb", type=float, default=88.8, help="message size in MB (float32 elements)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--chunks", type=int, default=8, help="the alltoall again as this many async ops")
     args = p.parse_args()
     hvd.init()
     n, rank = hvd.size(), hvd.rank()
@@ -44,6 +45,17 @@ def main():
         "alltoall, one peer": (lambda: hvd.alltoall(t, splits=one_peer, name="a2a"), numel * 4),
         "allgather": (lambda: hvd.allgather(t[: numel // n], name="ag"), (n - 1) * numel // n * 4),
     }
+    chunk = numel // args.chunks
+    part = torch.zeros(n, dtype=torch.int32)
+    part[(rank + 1) % n] = chunk
+
+    def chunked():
+        handles = [hvd.alltoall_async(t[i * chunk:(i + 1) * chunk], splits=part, name=f"a2a.{i}")
+                   for i in range(args.chunks)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    rows[f"alltoall, one peer, {args.chunks} async chunks"] = (chunked, chunk * args.chunks * 4)
     for name, (fn, sent) in rows.items():
         s = best(fn)
         if rank == 0:
