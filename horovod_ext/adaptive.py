@@ -90,5 +90,5 @@ def backend_sum_cost(dtype: torch.dtype, device, process_set=hvd.global_process_
                 best[t.dtype] = min(best[t.dtype], time.perf_counter() - t0)
     bits = torch.finfo(dtype).bits
     local = max(0.0, best[dtype] - best[torch.float32] * bits / 32) / numel
-    return float(hvd.allreduce(torch.tensor([local], dtype=torch.float64), name="hx.adaptive.probe.cost",
+    return float(hvd.allreduce(torch.tensor([local], dtype=torch.float64, device="cpu"), name="hx.adaptive.probe.cost",
                                op=hvd.Max, process_set=process_set)[0])

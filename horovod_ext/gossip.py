@@ -155,7 +155,7 @@ class Gossip:
             self._count(t0, "allreduce", flat.numel() * flat.element_size())
             mixed = flat
         else:
-            splits = torch.zeros(size, dtype=torch.int32)
+            splits = torch.zeros(size, dtype=torch.int32, device="cpu")   # Horovod reads splits on the host
             for peer in send_to:
                 splits[peer] = flat.numel()
             payload = flat if len(send_to) == 1 else torch.cat([flat] * len(send_to))   # slices in rank order

@@ -12,7 +12,8 @@ smaller than the dense tensor, i.e. while count * (1 + w) < numel * w int32 word
 values, 2 for float64), so for float32 while fewer than half the elements are nonzero; from the
 first round where the union reaches that size it travels dense (values only) for the remaining
 rounds. Both partners of a round compute the same union, so they switch together; every payload
-starts with a two-word header (mode, count) so that partners in different modes still understand each other.
+starts with a two-word header (mode, count), so that partners in different modes still understand each
+other, then the values, then (sparse) the indices.
 
 Every worker ends with the same bits: each round adds exactly two operands per element (x + y, or
 0 + x for an index only one side holds), and floating-point addition of two operands is
@@ -44,10 +45,11 @@ def dense_is_smaller(count: int, numel: int, dtype: torch.dtype) -> bool:
 
 
 def encode(mode: int, idx: torch.Tensor | None, vals: torch.Tensor) -> torch.Tensor:
-    """One int32 tensor: [mode, count] + indices (sparse only) + the values' bits."""
+    """One int32 tensor: [mode, count] + the values' bits + indices (sparse only). The values start
+    at word 2, so float64 values stay 8-byte aligned when viewed back."""
     count = vals.numel()
     head = torch.tensor([mode, count], dtype=torch.int32, device=vals.device)
-    parts = [head] + ([idx.to(torch.int32)] if mode == SPARSE else []) + [vals.contiguous().view(torch.int32)]
+    parts = [head, vals.contiguous().view(torch.int32)] + ([idx.to(torch.int32)] if mode == SPARSE else [])
     return torch.cat(parts)
 
 
@@ -55,11 +57,10 @@ def decode(payload: torch.Tensor, dtype: torch.dtype):
     """Inverse of :func:`encode`: (mode, idx or None, values)."""
     mode, count = (int(v) for v in payload[:2].tolist())
     w = words_per_value(dtype)
+    vals = payload[2:2 + count * w].view(dtype)
     if mode == SPARSE:
-        idx = payload[2:2 + count].to(torch.int64)
-        vals = payload[2 + count:2 + count + count * w].view(dtype)
-        return SPARSE, idx, vals
-    return DENSE, None, payload[2:2 + count * w].view(dtype)
+        return SPARSE, payload[2 + count * w:2 + count * (w + 1)].to(torch.int64), vals
+    return DENSE, None, vals
 
 
 def merge(a: tuple, b: tuple, numel: int):
@@ -93,7 +94,7 @@ def recursive_doubling(idx: torch.Tensor, vals: torch.Tensor, numel: int, ctx: R
         partner = rank ^ (1 << r)
         with ctx.compressing():
             payload = encode(*state)
-            splits = torch.zeros(n, dtype=torch.int32)
+            splits = torch.zeros(n, dtype=torch.int32, device="cpu")   # Horovod reads splits on the host
             splits[partner] = payload.numel()
         received, _ = yield ctx.comm.alltoall(payload, splits, name=ctx.op_name(f"{label}.sar{r}"))
         with ctx.decompressing():
