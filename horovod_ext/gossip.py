@@ -31,7 +31,7 @@ import time
 import torch
 import horovod.torch as hvd
 
-from .stats import CommStats
+from .averaging import ModelAveraging
 
 TOPOLOGIES = ("ring", "exponential")
 
@@ -67,7 +67,7 @@ def peers(topology: str, step: int, rank: int, size: int) -> tuple[list[int], li
     return [(rank + s) % size], [(rank - s) % size]
 
 
-class Gossip:
+class Gossip(ModelAveraging):
     """Wrap ``optimizer`` with decentralized averaging (see the module docstring).
 
     Args:
@@ -79,6 +79,8 @@ class Gossip:
         process_set: the Horovod process set that gossips.
     """
 
+    kind = "gossip"
+
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, topology: str = "exponential",
                  push_sum: bool = True, average_every: int = 0, process_set=hvd.global_process_set):
         if topology not in TOPOLOGIES:
@@ -88,41 +90,13 @@ class Gossip:
                              "a symmetric matrix: pass push_sum=False")
         if not isinstance(average_every, int) or average_every < 0:
             raise ValueError(f"Gossip average_every must be an integer >= 0, got {average_every!r}")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"Gossip wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        self.optimizer = optimizer
+        super().__init__(optimizer, named_parameters, process_set)
         self.topology, self.push_sum, self.average_every = topology, bool(push_sum), average_every
-        self.process_set = process_set
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        named = list(named_parameters) if named_parameters is not None else None
-        by_id = {id(p): n for n, p in named} if named is not None else {}
-        if named is not None and any(id(p) not in by_id for p in params):
-            raise ValueError("Gossip: some of the optimizer's parameters are not in named_parameters")
-        self._params = params
-        self._names = [by_id.get(id(p), f"param.{i}") for i, p in enumerate(params)]
+        self._params = list(self._names)
         self.steps = 0                 # gossip steps taken (the graph's clock)
         self.since_average = 0
         self.weight = 1.0              # PushSum weight w
-        self._stats = CommStats()
         self._buf: torch.Tensor | None = None      # the flattened model, reused every step
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    def zero_grad(self, set_to_none: bool = True):
-        return self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def synchronize(self):
-        """Nothing to wait for before the step (gradients stay local); for the trainer's clipping."""
-
-    def skip_synchronize(self):
-        import contextlib
-        return contextlib.nullcontext()
 
     def step(self, closure=None):
         """A local step, then one gossip round; every ``average_every`` steps an exact average."""
@@ -152,7 +126,7 @@ class Gossip:
             # Two workers: both graphs mix (x_0 + x_1) / 2, which is one allreduce Average, a ring that
             # runs both directions at the link's rate (the alltoall of the model reached about half).
             hvd.allreduce_(flat, name="hx.gossip.pair", op=hvd.Average, process_set=self.process_set)
-            self._count(t0, "allreduce", flat.numel() * flat.element_size())
+            self.count(t0, "allreduce", flat.numel() * flat.element_size())
             mixed = flat
         else:
             splits = torch.zeros(size, dtype=torch.int32, device="cpu")   # Horovod reads splits on the host
@@ -160,7 +134,7 @@ class Gossip:
                 splits[peer] = flat.numel()
             payload = flat if len(send_to) == 1 else torch.cat([flat] * len(send_to))   # slices in rank order
             received, _ = hvd.alltoall(payload, splits=splits, name="hx.gossip.mix", process_set=self.process_set)
-            self._count(t0, "alltoall", payload.numel() * payload.element_size())
+            self.count(t0, "alltoall", payload.numel() * payload.element_size())
             parts = dict(zip(sorted(recv_from), received.view(len(recv_from), flat.numel())))
             if self.topology == "ring":
                 mixed = flat.clone()
@@ -192,14 +166,6 @@ class Gossip:
                 flat[:-1] *= self.weight
         return flat
 
-    def _count(self, t0: float, kind: str, nbytes: int) -> None:
-        st = self._stats
-        st.wait_s += time.perf_counter() - t0
-        st.bytes_handed += nbytes
-        setattr(st, f"bytes_{kind}", getattr(st, f"bytes_{kind}") + nbytes)
-        setattr(st, f"{kind}_calls", getattr(st, f"{kind}_calls") + 1)
-        st.collectives += 1
-
     def _write(self, flat: torch.Tensor) -> None:
         offset = 0
         for p in self._params:
@@ -207,20 +173,8 @@ class Gossip:
             p.data.copy_(flat[offset:offset + n].view_as(p))
             offset += n
 
-    @torch.no_grad()
     def _average(self) -> None:
-        tensors = [(f"hx.gossip.avg.{name}", p.data) for name, p in zip(self._names, self._params)]
-        for name, p in zip(self._names, self._params):
-            for key, value in sorted(self.optimizer.state.get(p, {}).items()):
-                if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
-                    tensors.append((f"hx.gossip.avg.{name}.{key}", value))
-        t0 = time.perf_counter()
-        handles = [hvd.allreduce_async_(t, name=n, op=hvd.Average, process_set=self.process_set) for n, t in tensors]
-        for h in handles:
-            hvd.synchronize(h)
-        for _, t in tensors:
-            self._count(t0, "allreduce", t.numel() * t.element_size())
-            t0 = time.perf_counter()
+        self.exact_average(buffers=True)
         self.weight = 1.0
         self.since_average = 0
 

@@ -28,13 +28,12 @@ allreduce SGD.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import time
 
 import torch
 import horovod.torch as hvd
 
+from .averaging import ModelAveraging
 from .stats import CommStats
 
 BUFFER_POLICIES = ("average", "reset")
@@ -66,7 +65,7 @@ def parse_spec(spec: str) -> dict:
     return out
 
 
-class SlowMo:
+class SlowMo(ModelAveraging):
     """Wrap ``optimizer`` (a ``torch.optim.Optimizer`` over the model's parameters) with SlowMo.
 
     Args:
@@ -85,6 +84,8 @@ class SlowMo:
             ``pipeline=True``).
     """
 
+    kind = "slowmo"
+
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, tau: int = 48,
                  slow_lr: float = 1.0, slow_momentum: float = 0.5, inner=None, buffers: str = "average",
                  process_set=hvd.global_process_set, **inner_kwargs):
@@ -96,46 +97,26 @@ class SlowMo:
             raise ValueError(f"SlowMo slow_momentum must be in [0, 1), got {slow_momentum!r}")
         if buffers not in BUFFER_POLICIES:
             raise ValueError(f"SlowMo buffers must be one of {BUFFER_POLICIES}, got {buffers!r}")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"SlowMo wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
         named = list(named_parameters) if named_parameters is not None else None
         if inner is not None:
             from .optimizer import DistributedOptimizer
             from .compression import Compression
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise TypeError(f"SlowMo wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
             codec = Compression.from_spec(inner) if isinstance(inner, str) else inner
             optimizer = DistributedOptimizer(optimizer, named, compression=codec, process_set=process_set,
                                              **inner_kwargs)
         elif inner_kwargs:
             raise TypeError(f"SlowMo got {sorted(inner_kwargs)} but no inner codec to pass them to")
-        self.optimizer = optimizer
+        super().__init__(optimizer, named, process_set)
         self.tau, self.slow_lr, self.slow_momentum = tau, float(slow_lr), float(slow_momentum)
         self.buffers = buffers
-        self.process_set = process_set
         self.inner = None if inner is None else optimizer.comm_stats()["compression"]
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        by_id = {id(p): n for n, p in named} if named is not None else {}
-        if named is not None and any(id(p) not in by_id for p in params):
-            missing = sum(id(p) not in by_id for p in params)
-            raise ValueError(f"SlowMo: {missing} of the optimizer's parameters are not in named_parameters")
-        self._names = {p: by_id.get(id(p), f"param.{i}") for i, p in enumerate(params)}
         self._anchor: dict[torch.Tensor, torch.Tensor] = {}      # x0, replicated; taken at the first step
         self._momentum: dict[torch.Tensor, torch.Tensor] = {}    # u, replicated
         self.local_steps = 0                                       # base steps since the last average
         self.periods = 0                                           # averages done
         self._steps = 0
-        self._averaging = CommStats()                              # what the averages handed to Horovod
-
-    # ---------------------------------------------------------------- the optimizer interface
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    def zero_grad(self, set_to_none: bool = True):
-        return self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
         """One base step; every ``tau``-th also averages and applies the slow momentum."""
@@ -157,7 +138,7 @@ class SlowMo:
         """The inner optimizer's context (use after ``synchronize()``); local steps: a no-op context."""
         if hasattr(self.optimizer, "skip_synchronize"):
             return self.optimizer.skip_synchronize()
-        return contextlib.nullcontext()
+        return super().skip_synchronize()
 
     def flush(self):
         """End the period now (a shorter one) if any base step was taken since the last average:
@@ -178,7 +159,7 @@ class SlowMo:
         else:
             total.steps = self._steps
             total.gradient_elements = self._steps * sum(p.numel() for p in self._names)
-        total.add(self._averaging)
+        total.add(self._stats)
         return {"compression": f"slowmo{self.tau}" + (f"-{self.inner}" if self.inner else ""),
                 "workers": self.process_set.size(), "adaptive": inner["adaptive"] if inner else None,
                 "total": total.as_dict(),
@@ -194,21 +175,7 @@ class SlowMo:
     @torch.no_grad()
     def _average(self) -> None:
         """The exact average of the parameters (and buffers), then the slow momentum step."""
-        tensors = [(f"hx.slowmo.{name}", p.data) for p, name in self._names.items()]
-        if self.buffers == "average":
-            tensors += [(f"hx.slowmo.{key}", t) for key, t in self._float_buffers()]
-        handles = [hvd.allreduce_async_(t, name=name, op=hvd.Average, process_set=self.process_set)
-                   for name, t in tensors]
-        t0 = time.perf_counter()
-        for h in handles:
-            hvd.synchronize(h)
-        st = self._averaging
-        st.wait_s += time.perf_counter() - t0
-        nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
-        st.bytes_handed += nbytes
-        st.bytes_allreduce += nbytes
-        st.allreduce_calls += len(tensors)
-        st.collectives += len(tensors)
+        self.exact_average(buffers=self.buffers == "average")
         if self.buffers == "reset":
             self.optimizer.state.clear()
         for group in self.param_groups:
@@ -226,16 +193,6 @@ class SlowMo:
                 p.copy_(x0)
         self.local_steps = 0
         self.periods += 1
-
-    def _float_buffers(self) -> list[tuple[str, torch.Tensor]]:
-        """The base optimizer's floating-point tensors with more than one element (momentum buffers,
-        Adam's moments; not Adam's step counter, the same on every worker), in a fixed order."""
-        out = []
-        for p, name in self._names.items():
-            for key, value in sorted(self.optimizer.state.get(p, {}).items()):
-                if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
-                    out.append((f"{name}.{key}", value))
-        return out
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:

@@ -1,14 +1,12 @@
 """hx.Gossip under real horovodrun: each configuration trains the small SlowMo test problem on this rank's
 own batches and reports the parameters after every step; tests/test_gossip.py replays every worker in
 one process with its own mixing matrices and compares. Then a flush + state_dict round trip."""
-import io
-
 import torch
 import horovod.torch as hvd
 
 import horovod_ext as hx
 from tests.workers.common import emit
-from tests.workers.slowmo_problem import batch, make_model
+from tests.workers.slowmo_problem import batch, make_model, round_trip
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -47,11 +45,8 @@ for name, cfg in CONFIGS.items():
 cfg = CONFIGS["exp"]
 model, opt, _ = train(cfg, steps=4)
 opt.flush()
-buf = io.BytesIO()
-torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+ck = round_trip(model, opt)
 train(cfg, model, opt, start=4, steps=5)
-buf.seek(0)
-ck = torch.load(buf, weights_only=True)
 model2 = make_model()
 model2.load_state_dict(ck["model"])
 opt2 = hx.Gossip(torch.optim.SGD(model2.parameters(), lr=0.05, momentum=0.9), model2.named_parameters(), **cfg)

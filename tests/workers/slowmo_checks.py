@@ -1,15 +1,13 @@
 """hx.SlowMo under real horovodrun: each configuration trains a small model on this rank's own batches
 and reports the final parameters; tests/test_slowmo.py replays every worker in one process with its own
 implementation of the algorithm and compares. Then a flush + state_dict round trip."""
-import copy
-import io
 
 import torch
 import horovod.torch as hvd
 
 import horovod_ext as hx
 from tests.workers.common import emit
-from tests.workers.slowmo_problem import CONFIGS, batch, base_optimizer, make_model
+from tests.workers.slowmo_problem import CONFIGS, batch, base_optimizer, make_model, round_trip
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -44,11 +42,8 @@ for name, cfg in CONFIGS.items():
 # 5 more steps in the same objects and, separately, in fresh objects loaded from the checkpoint.
 cfg = CONFIGS["sgd_momentum"]
 model, opt = train(cfg, steps=4)
-buf = io.BytesIO()
-torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+ck = round_trip(model, opt)
 train(cfg, model, opt, start=4, steps=5)
-buf.seek(0)
-ck = torch.load(buf, weights_only=True)
 model2 = make_model()
 model2.load_state_dict(ck["model"])
 opt2 = hx.SlowMo(base_optimizer(cfg, model2), model2.named_parameters(), tau=cfg["tau"], slow_lr=cfg["slow_lr"],

@@ -1,5 +1,7 @@
 """The small problem shared by tests/workers/slowmo_checks.py (the workers) and tests/test_slowmo.py
 (the one-process replay): the model, every rank's batches, and the configurations."""
+import io
+
 import torch
 
 CONFIGS = {
@@ -32,3 +34,12 @@ def base_optimizer(cfg: dict, model: torch.nn.Module) -> torch.optim.Optimizer:
 def batch(rank: int, step: int):
     g = torch.Generator().manual_seed(1000 * rank + step)
     return torch.randn(4, 5, generator=g), torch.randn(4, 3, generator=g)
+
+
+def round_trip(model: torch.nn.Module, opt) -> dict:
+    """The model's and the optimizer's state as a checkpoint holds them: through torch.save and
+    torch.load(weights_only=True), a copy independent of the live objects."""
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
