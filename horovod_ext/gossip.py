@@ -74,7 +74,7 @@ class Gossip(ModelAveraging):
         optimizer: the base optimizer (local steps).
         named_parameters: the model's ``named_parameters()`` (names the Horovod ops and checks).
         topology: ``"ring"`` (D-PSGD) or ``"exponential"`` (SGP's one-peer exponential graph).
-        push_sum: carry PushSum weights (exponential graph only).
+        push_sum: carry PushSum weights (exponential graph only; default: on for it, off for the ring).
         average_every: an exact allreduce average every this many steps (0: only at ``flush()``).
         process_set: the Horovod process set that gossips.
     """
@@ -82,9 +82,11 @@ class Gossip(ModelAveraging):
     kind = "gossip"
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, topology: str = "exponential",
-                 push_sum: bool = True, average_every: int = 0, process_set=hvd.global_process_set):
+                 push_sum: bool | None = None, average_every: int = 0, process_set=hvd.global_process_set):
         if topology not in TOPOLOGIES:
             raise ValueError(f"Gossip topology must be one of {TOPOLOGIES}, got {topology!r}")
+        if push_sum is None:
+            push_sum = topology == "exponential"
         if push_sum and topology != "exponential":
             raise ValueError("Gossip push_sum=True is SGP on the exponential graph; the ring (D-PSGD) mixes with "
                              "a symmetric matrix: pass push_sum=False")

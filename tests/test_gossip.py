@@ -39,6 +39,8 @@ def test_arguments_and_specs():
         hx.Gossip(opt, model.named_parameters(), topology="torus")
     with pytest.raises(ValueError, match="push_sum"):
         hx.Gossip(opt, model.named_parameters(), topology="ring", push_sum=True)
+    assert not hx.Gossip(opt, model.named_parameters(), topology="ring").push_sum        # the default follows
+    assert hx.Gossip(opt, model.named_parameters()).push_sum                             # the topology
     assert parse_spec("gossip-ring") == {"topology": "ring", "push_sum": False, "average_every": 0}
     assert parse_spec("gossip-exp-a10") == {"topology": "exponential", "push_sum": True, "average_every": 10}
     for bad in ("gossip", "gossip-star", "gossip-exp-x3"):
