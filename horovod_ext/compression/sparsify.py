@@ -350,43 +350,36 @@ class TopK(_Detached, Compressor):
             if self.error_feedback:
                 acc.index_fill_(0, idx, 0.0)
                 old = _commit_residual(ctx, acc, ok)
-            if self.transport == "sparse_allreduce" and sparse_allreduce.applies(n):
-                payload = None
-            else:
+            sar = self.transport == "sparse_allreduce" and sparse_allreduce.applies(n)
+            if not sar:
                 wk = vals.view(torch.int32).numel()           # k, or 2k for float64 values
                 payload = torch.cat([vals.view(torch.int32), idx.to(torch.int32)])
-        if payload is None:
+        if sar:
             try:
                 mode, s_idx, s_vals = yield from sparse_allreduce.recursive_doubling(idx, vals, numel, ctx, "topk")
             except HorovodInternalError as err:
                 reraise_collective_error(self.label, "alltoall", err)
+            received = s_vals
+            fill = (lambda out: out.copy_(s_vals)) if mode == sparse_allreduce.DENSE \
+                else (lambda out: out.index_put_((s_idx,), s_vals))
+        else:
+            try:
+                gathered = yield ctx.comm.allgather(payload, name=ctx.op_name("topk"))
+            except HorovodInternalError as err:
+                reraise_collective_error(self.label, "allgather", err)
             with ctx.decompressing():
-                dest = ctx.output(acc.dtype)
-                out = acc.new_zeros(numel) if dest is None else dest.view(-1).zero_()
-                if mode == sparse_allreduce.DENSE:
-                    out.copy_(s_vals)
-                else:
-                    out.index_put_((s_idx,), s_vals)
-                if self.error_feedback:
-                    _undo_if_skipped(ctx, acc, old, s_vals)
-                _undo_grad_sq(ctx, tracked, s_vals)
-                scale_for_op(out, ctx)
-                return dest if dest is not None else out.to(grad.dtype).view_as(grad)
-        try:
-            gathered = yield ctx.comm.allgather(payload, name=ctx.op_name("topk"))
-        except HorovodInternalError as err:
-            reraise_collective_error(self.label, "allgather", err)
+                gathered = gathered.view(n, payload.numel())
+                # values first: each row's values start at a multiple of the row length, aligned for float64
+                received = gathered[:, :wk].reshape(-1).view(acc.dtype)
+                all_idx = gathered[:, wk:].reshape(-1).to(torch.int64)
+            fill = lambda out: out.index_add_(0, all_idx, received)      # noqa: E731
         with ctx.decompressing():
-            gathered = gathered.view(n, payload.numel())
-            # values first: each row's values start at a multiple of the row length, aligned for float64
-            all_vals = gathered[:, :wk].reshape(-1).view(acc.dtype)
-            all_idx = gathered[:, wk:].reshape(-1).to(torch.int64)
             dest = ctx.output(acc.dtype)
             out = acc.new_zeros(numel) if dest is None else dest.view(-1).zero_()
-            out.index_add_(0, all_idx, all_vals)
+            fill(out)
             if self.error_feedback:
-                _undo_if_skipped(ctx, acc, old, all_vals)
-            _undo_grad_sq(ctx, tracked, all_vals)
+                _undo_if_skipped(ctx, acc, old, received)
+            _undo_grad_sq(ctx, tracked, received)
             scale_for_op(out, ctx)
             return dest if dest is not None else out.to(grad.dtype).view_as(grad)
 
