@@ -3,8 +3,10 @@
 # every-step Global-QSGD 8-bit + pipelining (the recipe's default) against SlowMo (local Adam steps, an exact
 # average every 4, slow momentum 0.5 at slow lr 0.5) and SGP gossip. Prints each run's CTC best-path and joint
 # WER on the first 200 clean test utterances. Needs the demo corpus (make demo, or run.sh stages 0-1 with
-# --size small --limit 2500).
-#   bash scripts/slowmo_recipe_pair.sh [MINUTES]          (default 8)
+# --size small --limit 2500). Further arms split what differs: fp32 (plain allreduce, no pipelining), qsgd_nopipe
+# (Global-QSGD without pipelining), fp32_pipe (fp32 with pipelining), qsgd_warm (plain synchronous fp32 for the
+# first $WARMUP_STEPS steps, default 600, then Global-QSGD + pipelining).
+#   bash scripts/slowmo_recipe_pair.sh [MINUTES [ARM ...]]     (default 8 minutes; arms qsgd slowmo gossip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-8}
@@ -14,8 +16,18 @@ declare -A variant=(
   [qsgd]="train.compression=global_qsgd8 train.pipeline=true"
   [slowmo]="train.slowmo=slowmo4-m0.5-a0.5 train.compression=none train.pipeline=false"
   [gossip]="train.gossip=gossip-exp train.compression=none train.pipeline=false"
+  [fp32]="train.compression=none train.pipeline=false"
+  [fp32_pipe]="train.compression=none train.pipeline=true"
+  [qsgd_nopipe]="train.compression=global_qsgd8 train.pipeline=false"
+  [qsgd_warm]="train.compression=global_qsgd8 train.pipeline=true train.comm_warmup_steps=${WARMUP_STEPS:-600}"
 )
-for name in qsgd slowmo gossip; do
+shift || true
+arms=("$@")
+[ ${#arms[@]} -gt 0 ] || arms=(qsgd slowmo gossip)
+for name in "${arms[@]}"; do
+  [ -n "${variant[$name]:-}" ] || { echo "unknown arm '$name' (known: ${!variant[*]})" >&2; exit 2; }
+done
+for name in "${arms[@]}"; do
   exp=exp/s18_pair_$name
   rm -rf "$exp"
   # shellcheck disable=SC2086
