@@ -69,7 +69,6 @@ class TrainConfig:
     gossip: str = ""                    # hx.Gossip instead of allreduce: gossip-ring (D-PSGD) | gossip-exp (SGP) [-a<k>:
                                         # an exact average every k steps]; compression must be none
     comm_warmup_steps: int = 0          # first steps reduce plain fp32, synchronously (no codec, no pipeline)
-    delay_compensation: float = 0.0     # pipeline=true: DC-ASGD's lambda for the one-step-stale gradient (0: off)
     backward_passes_per_step: int = 1
     amp: str = "none"                   # none | bf16 | fp16 (autocast on GPU hosts)
     nonfinite: str = "skip"             # a NaN/Inf averaged gradient: every worker skips the step (logged) or raises
@@ -85,11 +84,6 @@ class TrainConfig:
     commit_every: int = 20              # elastic: commit the state every this many steps (and at epoch end)
 
     def __post_init__(self):
-        if not self.delay_compensation >= 0.0:
-            raise ConfigError(f"train.delay_compensation must be >= 0, got {self.delay_compensation}")
-        if self.delay_compensation and not self.pipeline:
-            raise ConfigError(f"train.delay_compensation={self.delay_compensation} corrects pipelined (one step stale) "
-                              f"gradients: set train.pipeline=true, or leave it 0")
         if self.gossip:
             self._check_gossip()
         if not self.slowmo:

@@ -179,8 +179,7 @@ class Trainer:
                                                compression=hx.Compression.from_spec(cfg.train.compression),
                                                backward_passes_per_step=cfg.train.backward_passes_per_step,
                                                pipeline=cfg.train.pipeline, warmup_steps=cfg.train.comm_warmup_steps,
-                                               nonfinite=cfg.train.nonfinite,
-                                               delay_compensation=cfg.train.delay_compensation)
+                                               nonfinite=cfg.train.nonfinite)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.amp)
         if self.amp_dtype is not None and self.device.type != "cuda":
             self.log({"event": "note", "message": f"train.amp={cfg.train.amp} is for GPU hosts; training in fp32 "
@@ -214,8 +213,7 @@ class Trainer:
             return hx.Gossip.from_spec(base, self.model.named_parameters(), cfg.gossip)
         spec = parse_spec(cfg.slowmo)
         inner = dict(backward_passes_per_step=cfg.backward_passes_per_step, pipeline=cfg.pipeline,
-                     warmup_steps=cfg.comm_warmup_steps, nonfinite=cfg.nonfinite,
-                     delay_compensation=cfg.delay_compensation) if spec["inner"] else {}
+                     warmup_steps=cfg.comm_warmup_steps, nonfinite=cfg.nonfinite) if spec["inner"] else {}
         return hx.SlowMo(base, self.model.named_parameters(), **spec, **inner)
 
     # ------------------------------------------------------------------ logging

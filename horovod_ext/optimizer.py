@@ -54,15 +54,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=hvd.Average,
                  gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
                  process_set=hvd.global_process_set, pipeline=False, overlap=True, adaptive=True, warmup_steps=0,
-                 nonfinite=None, delay_compensation=0.0):
+                 nonfinite=None):
         super(self.__class__, self).__init__(params)
         codec = as_codec(compression)
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        if not delay_compensation >= 0.0:
-            raise ValueError(f"delay_compensation must be >= 0, got {delay_compensation}")
         nonfinite = nonfinite or codec.nonfinite or "raise"
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
@@ -79,8 +77,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.pipeline = bool(pipeline)
         self.warmup_steps = int(warmup_steps)
         self.nonfinite = nonfinite
-        self.delay_compensation = float(delay_compensation)
-        self._dc: dict = {}               # param -> {"delta": last update, "ms": running mean of g*g} (pipelining)
         self._names = self._check_names(named_parameters)
         codec.validate(process_set.size(), op)
 
@@ -352,13 +348,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._group_ready[g] = 0
         # The first pipelined step (step 0, or the first after the warm-up) keeps its gradients in
         # flight and applies nothing: every gradient is applied exactly once, one step late.
-        pipelined = self._pipelining
-        ready = self._rounds.end(pipelined)
+        ready = self._rounds.end(self._pipelining)
         self._rounds.wait(ready, self._ledger.step)
         self._write_grads(ready)
         self._rounds.ready, self._rounds.ready_nonfinite = ready, self._rounds.nonfinite_names(ready)
-        if pipelined:
-            self._compensate(ready)
         self._synchronized = True
         self._end_round()
 
@@ -382,47 +375,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return super(self.__class__, self).step(closure)
         ready, self._rounds.ready = self._rounds.ready, {}
         if not ready:
-            self._zero_deltas()  # the parameters do not move: the next gradient is one step late but not stale
             return None          # pipelined step 1: step 0's gradients were applied synchronously
         return self._apply(ready, closure)
-
-    def _dc_state(self, p) -> dict:
-        st = self._dc.get(p)
-        if st is None:
-            st = self._dc[p] = {"delta": torch.zeros_like(p, memory_format=torch.contiguous_format),
-                                "ms": torch.zeros_like(p, memory_format=torch.contiguous_format)}
-        return st
-
-    def _zero_deltas(self) -> None:
-        for st in self._dc.values():
-            st["delta"].zero_()
-
-    def _compensate(self, ready: dict) -> None:
-        """Delay compensation (DC-ASGD-a, Zheng et al., ICML 2017) of pipelined gradients: a gradient g computed
-        at w_{t-1} and applied at w_t becomes g + lam * g*g / sqrt(ms) * (w_t - w_{t-1}), the first-order Taylor
-        step to w_t with g*g (scaled by a running mean ms of it) standing in for the Hessian's diagonal. Every
-        worker holds the same g and parameters, so the result stays identical everywhere. Rounds with NaN/Inf
-        are left alone (the nonfinite policy handles them; ms is not polluted)."""
-        lam = self.delay_compensation
-        if lam == 0.0 or not ready or self._rounds.ready_nonfinite:
-            return
-        with torch.no_grad():
-            for p in ready:
-                g = p.grad
-                if g is None or g.is_sparse:
-                    continue
-                st = self._dc_state(p)
-                ms = st["ms"].view_as(g)
-                ms.mul_(0.95).addcmul_(g, g, value=0.05)
-                corr = g * g
-                corr.mul_(st["delta"].view_as(g)).div_(ms.sqrt().add_(1e-12))
-                g.add_(corr, alpha=lam)
 
     def _apply(self, ready: dict, closure=None):
         names, self._rounds.ready_nonfinite = self._rounds.ready_nonfinite, []
         if names:
             self._ledger.skipped()
-            self._zero_deltas()
             if self.nonfinite == "raise":
                 raise NonFiniteGradientError(
                     f"non-finite gradient (NaN or Inf) on at least one worker in {len(names)} tensor(s), "
@@ -431,17 +390,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return None
         for p in ready:
             self._compression.before_step(p, self._codec_state[self._names[p]], self._group_of[p])
-        track = self.pipeline and self.delay_compensation > 0.0
-        if track:                # remember where the parameters were, to keep this step's update
-            with torch.no_grad():
-                for p in ready:
-                    self._dc_state(p)["delta"].copy_(p.detach())
         loss = super(self.__class__, self).step(closure)
-        if track:
-            with torch.no_grad():
-                for p in ready:
-                    delta = self._dc_state(p)["delta"]
-                    torch.sub(p.detach(), delta, out=delta)
         for p in ready:
             self._compression.after_step(p, self._codec_state[self._names[p]], self._group_of[p])
         return loss
@@ -485,7 +434,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._rounds.wait(ready, self._ledger.step)
             self._write_grads(ready)
             self._rounds.ready_nonfinite = self._rounds.nonfinite_names(ready)
-            self._compensate(ready)
             return self._apply(ready)
         finally:
             for p, g in saved.items():
@@ -507,8 +455,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return {"format": codec_state_io.FORMAT, "compression": self._compression.label, "steps": self._rounds.count,
                 "adaptive": {"decided": self.adaptive.decided, "compress": self.adaptive.compress},
                 "inflight": self._rounds.carried(self._names, self._ledger.step),
-                "delay_compensation": {self._names[p]: {k: v.detach().clone() for k, v in st.items()}
-                                       for p, st in self._dc.items()},
                 "codec": codec_state_io.replicated(self._compression,
                                                    codec_state_io.save_codec_states(self._codec_state))}
 
@@ -591,12 +537,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.adaptive.decided = bool(rep["adaptive"]["decided"])
         self.adaptive.compress = bool(rep["adaptive"]["compress"])
         self._rounds.inflight.clear()
-        by_name = {name: p for p, name in self._names.items()}
-        self._dc = {}
-        for name, st in rep.get("delay_compensation", {}).items():
-            p = by_name[name]
-            self._dc[p] = {k: v.to(p.device) for k, v in st.items()}
         if inflight:
+            by_name = {name: p for p, name in self._names.items()}
             for name, result in rep.get("inflight", {}).items():
                 p = by_name[name]
                 self._rounds.inflight[p] = Done(self._context(name, p, None), result.to(p.device))
@@ -623,7 +565,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
                          sparse_as_dense: bool = False, process_set=hvd.global_process_set, *,
                          pipeline: bool = False, overlap: bool = True, adaptive=True, warmup_steps: int = 0,
-                         nonfinite: str | None = None, delay_compensation: float = 0.0):
+                         nonfinite: str | None = None):
     """Wrap ``optimizer`` so that gradients are averaged across Horovod workers, compressed by
     ``compression``: ``hvd.DistributedOptimizer`` with the same arguments and results, plus the
     knobs after ``*``.
@@ -661,9 +603,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             codec's default, else ``"raise"``). Every worker sees the same NaN, so every worker
             raises :class:`NonFiniteGradientError` or every worker skips (``comm_stats()`` counts
             skips). NaN/Inf reach ``p.grad`` first, so a ``GradScaler`` backs off as usual.
-        delay_compensation: with ``pipeline=True``, lambda of DC-ASGD-a's correction of the one-step-stale
-            gradient, g + lambda * g*g / sqrt(ms) * (w_t - w_{t-1}) (0: off; the paper uses 2). Two
-            parameter-sized buffers per parameter, in the checkpoint.
 
     Returns the wrapped optimizer, with ``synchronize()``, ``skip_synchronize()``, ``flush()``,
     ``comm_stats()``, ``state_dict()`` (this worker's codec state included), ``gather_state_dict()``
@@ -697,4 +636,4 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     cls.__module__ = hvd.DistributedOptimizer.__module__
     return cls(optimizer.param_groups, named_parameters, codec, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set, pipeline, overlap, adaptive,
-               warmup_steps, nonfinite, delay_compensation)
+               warmup_steps, nonfinite)

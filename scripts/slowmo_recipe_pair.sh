@@ -6,8 +6,7 @@
 # --size small --limit 2500). Further arms split what differs: fp32 (plain allreduce, no pipelining), qsgd_nopipe
 # (Global-QSGD without pipelining), fp32_pipe (fp32 with pipelining), qsgd_warm (plain synchronous fp32 for the
 # first $WARMUP_STEPS steps, default 600, then Global-QSGD + pipelining), qsgd_lr (the default at learning rate
-# $QSGD_LR per worker, default 0.002 against cpu-small's 0.003), qsgd_dc (the default with DC-ASGD's delay
-# compensation, lambda $DC_LAMBDA, default 2).
+# $QSGD_LR per worker, default 0.002 against cpu-small's 0.003).
 #   bash scripts/slowmo_recipe_pair.sh [MINUTES [ARM ...]]     (default 8 minutes; arms qsgd slowmo gossip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +21,6 @@ declare -A variant=(
   [fp32_pipe]="train.compression=none train.pipeline=true"
   [qsgd_nopipe]="train.compression=global_qsgd8 train.pipeline=false"
   [qsgd_lr]="train.compression=global_qsgd8 train.pipeline=true train.lr=${QSGD_LR:-0.002}"
-  [qsgd_dc]="train.compression=global_qsgd8 train.pipeline=true train.delay_compensation=${DC_LAMBDA:-2.0}"
   [qsgd_warm]="train.compression=global_qsgd8 train.pipeline=true train.comm_warmup_steps=${WARMUP_STEPS:-600}"
 )
 shift || true

@@ -152,18 +152,3 @@ def test_adaptive_folds_residual_when_switching_off():
         opt.step()
     assert "residual" not in opt.codec_state("weight")
     assert torch.allclose(w0 - model.weight.detach(), total, atol=1e-5)
-
-
-def test_delay_compensation_is_checked_and_off_by_default():
-    model = torch.nn.Linear(3, 1)
-    with pytest.raises(ValueError, match="delay_compensation must be >= 0, got -1"):
-        hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
-                                pipeline=True, delay_compensation=-1)
-    opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
-                                  pipeline=True)
-    assert opt.delay_compensation == 0.0
-    for _ in range(3):
-        opt.zero_grad()
-        model(torch.ones(1, 3)).sum().backward()
-        opt.step()
-    assert opt.state_dict()["horovod_ext"]["delay_compensation"] == {}   # no buffers when it is off

@@ -57,12 +57,3 @@ def test_gossip_settings_are_checked():
         load_config(None, ["train.gossip=gossip-ring", "train.compression=topk0.01"])
     with pytest.raises(ConfigError, match="pick one"):
         load_config(None, ["train.gossip=gossip-ring", "train.slowmo=slowmo4"])
-
-
-def test_delay_compensation_needs_pipelining_and_a_non_negative_lambda():
-    cfg = load_config(None, ["train.pipeline=true", "train.delay_compensation=2"])
-    assert cfg.train.delay_compensation == 2.0
-    with pytest.raises(ConfigError, match="set train.pipeline=true"):
-        load_config(None, ["train.pipeline=false", "train.delay_compensation=2"])
-    with pytest.raises(ConfigError, match="train.delay_compensation must be >= 0"):
-        load_config(None, ["train.pipeline=true", "train.delay_compensation=-1"])

@@ -21,15 +21,6 @@ def test_trajectory_equals_one_step_stale_simulation(reports, momentum):
         assert tr["flush_changed"], "flush() must apply the last step's gradients"
 
 
-@pytest.mark.parametrize("momentum", ["0.0", "0.9"])
-def test_delay_compensation_equals_dc_asgd_simulation_and_resumes_exactly(reports, momentum):
-    for rep in reports:
-        dc = rep[f"dc_m{momentum}"]
-        assert dc["exact"], dc
-        assert dc["resumed_exact"], dc
-        assert dc["differs_from_stale"], dc
-
-
 def test_warmup_steps_are_plain_synchronous_then_pipelined_and_compressed(reports):
     for rep in reports:
         w = rep["warmup"]
