@@ -51,6 +51,8 @@ class AugmentSection(AugmentConfig):
 class TrainConfig:
     epochs: int = 10
     max_minutes: float = 0.0            # training time budget: stop (mid-epoch) when it is used up (0: no limit)
+    max_steps: int = 0                  # step budget: stop (mid-epoch) after this many optimizer steps (0: no limit);
+                                        # a cosine/linear schedule then runs to it, so paired runs compare at equal steps
     batch_seconds: float = 60.0         # audio per batch per worker (length-bucketed)
     max_batch: int = 64                 # utterances per batch at most
     match_lengths: bool = True          # the workers' batches of a step are neighbours in length (no long waits)

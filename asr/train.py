@@ -298,11 +298,16 @@ class Trainer:
         self.sampler.set_world(hvd.size(), self.rank)
         self.cores = cores_in_use(self.cfg, hvd.size(), hvd.local_size())
         budget_s = self.cfg.train.max_minutes * 60
+        max_steps = self.cfg.train.max_steps
         while state.epoch < self.cfg.train.epochs:
             if budget_s and state.trained_s >= budget_s:
                 # All ranks decide alike: the figure comes from allreduced values.
                 self.log({"event": "budget", "message": f"stopping before epoch {state.epoch}: "
                           f"{state.trained_s / 60:.1f} of train.max_minutes={self.cfg.train.max_minutes:g} used"})
+                break
+            if max_steps and state.step >= max_steps:      # every rank has taken the same steps
+                self.log({"event": "budget", "message": f"stopping before epoch {state.epoch}: "
+                          f"{state.step} of train.max_steps={max_steps} taken"})
                 break
             t0 = time.time()
             counts = self.train_epoch(state)
@@ -356,21 +361,24 @@ class Trainer:
                 if state.step % cfg.train.commit_every == 0 and steps_left > 0:
                     self._fold(state, local)
                     state.commit()
+            if stats is not None:
+                bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['acc']:.2f}")
+                if rank == 0 and not interactive and time.time() - last_note > 30:
+                    last_note = time.time()
+                    per = (last_note - t0) / max(local["batches"], 1)
+                    print(f"[train] epoch {epoch} step {state.step} ({len(self.sampler) - steps_left}/"
+                          f"{len(self.sampler)}) loss {stats['loss']:.3f} acc {stats['acc']:.2f} ({per:.2f} s/step, "
+                          f"epoch eta {per * steps_left:.0f} s)", flush=True)
+                if state.step % cfg.train.log_every == 0:
+                    self.log({"event": "step", "epoch": epoch, "step": state.step, "lr": opt.param_groups[0]["lr"],
+                              "grad_norm": gnorm, **stats}, echo=False)
+            # The budgets (checked after the step is logged, so the last step is in the log too)
             if state.step % self.CLOCK_EVERY == 0 and self.budget_used(state, t0):
                 self.stopped_early = steps_left > 0
                 break
-            if stats is None:
-                continue
-            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['acc']:.2f}")
-            if rank == 0 and not interactive and time.time() - last_note > 30:
-                last_note = time.time()
-                per = (last_note - t0) / max(local["batches"], 1)
-                print(f"[train] epoch {epoch} step {state.step} ({len(self.sampler) - steps_left}/{len(self.sampler)}) "
-                      f"loss {stats['loss']:.3f} acc {stats['acc']:.2f} ({per:.2f} s/step, epoch eta "
-                      f"{per * steps_left:.0f} s)", flush=True)
-            if state.step % cfg.train.log_every == 0:
-                self.log({"event": "step", "epoch": epoch, "step": state.step, "lr": opt.param_groups[0]["lr"],
-                          "grad_norm": gnorm, **stats}, echo=False)
+            if cfg.train.max_steps and state.step >= cfg.train.max_steps:
+                self.stopped_early = steps_left > 0
+                break
         opt.flush()
         bar.close()
         if self.elastic:
@@ -404,6 +412,8 @@ class Trainer:
     def progress_fraction(self, state) -> float:
         """How far through the run: the agreed training time over the budget, or (no budget) the step
         over the epochs' steps."""
+        if self.cfg.train.max_steps:
+            return state.step / self.cfg.train.max_steps
         if self.cfg.train.max_minutes:
             return max(self.agreed_s, state.trained_s) / (self.cfg.train.max_minutes * 60)
         return state.step / max(1, self.cfg.train.epochs * len(self.sampler))
@@ -486,7 +496,7 @@ class Trainer:
                "skipped_steps": comm["skipped_steps"] - self.comm_before["skipped_steps"]}  # NaN/Inf averaged
         if self.elastic:   # utterances trained in committed steps, all workers: the epoch's, each once
             rec.update(workers=hvd.size(), utterances=int(counts["utterances"]))
-        if self.stopped_early:   # train.max_minutes ran out mid-epoch: the rest of this epoch was not trained
+        if self.stopped_early:   # train.max_minutes or max_steps ran out mid-epoch: the rest of this epoch was not trained
             rec["stopped_at_budget"] = True
         self.comm_before.update(wait_s=comm["wait_s"], skipped_steps=comm["skipped_steps"])
         opt_state = opt.gather_state_dict(root_rank=0)     # collective: every worker's codec state

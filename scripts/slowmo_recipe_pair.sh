@@ -6,7 +6,9 @@
 # --size small --limit 2500). Further arms split what differs: fp32 (plain allreduce, no pipelining), qsgd_nopipe
 # (Global-QSGD without pipelining), fp32_pipe (fp32 with pipelining), qsgd_warm (plain synchronous fp32 for the
 # first $WARMUP_STEPS steps, default 600, then Global-QSGD + pipelining), qsgd_lr (the default at learning rate
-# $QSGD_LR per worker, default 0.002 against cpu-small's 0.003).
+# $QSGD_LR per worker, default 0.002 against cpu-small's 0.003), drop0 (the default without dropout).
+# STEPS=N gives every arm a budget of N optimizer steps instead of MINUTES (train.max_steps; the cosine then runs
+# to step N), so arms that change the model, not the step's cost, compare at equal steps whatever the host's speed.
 #   bash scripts/slowmo_recipe_pair.sh [MINUTES [ARM ...]]     (default 8 minutes; arms qsgd slowmo gossip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,7 @@ declare -A variant=(
   [fp32_pipe]="train.compression=none train.pipeline=true"
   [qsgd_nopipe]="train.compression=global_qsgd8 train.pipeline=false"
   [qsgd_lr]="train.compression=global_qsgd8 train.pipeline=true train.lr=${QSGD_LR:-0.002}"
+  [drop0]="train.compression=global_qsgd8 train.pipeline=true model.dropout=0"
   [qsgd_warm]="train.compression=global_qsgd8 train.pipeline=true train.comm_warmup_steps=${WARMUP_STEPS:-600}"
 )
 shift || true
@@ -29,12 +32,13 @@ arms=("$@")
 for name in "${arms[@]}"; do
   [ -n "${variant[$name]:-}" ] || { echo "unknown arm '$name' (known: ${!variant[*]})" >&2; exit 2; }
 done
+if [ -n "${STEPS:-}" ]; then budget="train.max_steps=$STEPS train.max_minutes=0"; else budget="train.max_minutes=$minutes"; fi
 for name in "${arms[@]}"; do
   exp=exp/s18_pair_$name
   rm -rf "$exp"
   # shellcheck disable=SC2086
   recipes/bfa/run.sh --stage 2 --stop-stage 2 --size small --limit 2500 --exp "$exp" -- \
-    ${variant[$name]} train.max_minutes="$minutes" data.dev_subset=100 > "$exp.log" 2>&1
+    ${variant[$name]} $budget data.dev_subset=100 > "$exp.log" 2>&1
   for method in ctc joint; do
     asr-eval --checkpoint "$exp/checkpoints/last.pt" --manifest "$corpus/test.jsonl" --limit 200 --method "$method" \
       --json "$exp/test_$method.json" 2>&1 | grep -m1 -E "WER" | sed "s/^/[$name $method] /"

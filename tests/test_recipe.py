@@ -246,6 +246,20 @@ def test_time_budget_stops_mid_epoch_and_leaves_no_minutes_unused(corpus, tmp_pa
     assert (run / "checkpoints" / "last.pt").exists() and json.loads((run / "DONE").read_text())["epochs"] == 1
 
 
+def test_step_budget_stops_mid_epoch_at_exactly_max_steps(corpus, tmp_path):
+    """train.max_steps: a budget in steps (paired runs then compare at equal steps whatever the host's
+    speed); the cosine schedule runs to it, so the last step's lr is the schedule's end value."""
+    run = tmp_path / "budget_steps"
+    train(overrides(corpus, run, train="train.jsonl", train__epochs=3, train__batch_seconds=4,
+                    train__max_steps=7, train__schedule="cosine", train__warmup_steps=1, data__dev_subset=2))
+    recs = log_records(run)
+    epochs = [r for r in recs if r["event"] == "epoch"]
+    assert len(epochs) == 1 and epochs[0]["step"] == 7 and epochs[0]["stopped_at_budget"]
+    lrs = [r["lr"] for r in recs if r["event"] == "step"]
+    assert len(lrs) == 7 and all(a > b for a, b in zip(lrs[1:], lrs[2:]))     # falling to the budget's end
+    assert json.loads((run / "DONE").read_text())["epochs"] == 1
+
+
 def test_unknown_config_key_lists_valid_ones(corpus, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "asr.train", "--config", str(CONF), "train.epoch=3"],
                           cwd=ROOT, capture_output=True, text=True)
