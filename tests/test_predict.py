@@ -86,3 +86,27 @@ def test_oversubscribed_workers_slow_the_float16_sum():
     half = P.comm_time(p, "hvd_fp16", 4, 1e12, 2e6, 0.0, 0.0, 1e6, share=0.5)
     wire = P.comm_time(p, "hvd_fp32", 4, 1e12, 2e6, 0.0, 0.0, 1e6, share=0.5)
     assert half - wire == pytest.approx(2 * (full - wire))
+
+
+def test_hx_bench_measures_compute_beside_each_method(tmp_path):
+    """hx-bench's step benchmark, really launched (2 Horovod workers on localhost): every method's record
+    carries the compute time measured beside it, and our codecs' limit is max(that compute, wire time)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([str(Path(sys.executable).parent / "hx-bench"), "--no-netns", "--workers", "2",
+                           "--model", "small", "--steps", "2", "--warmup", "1",
+                           "--methods", "hvd_fp32,hx_global_qsgd8", "--json", str(out)],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    recs = {r["method"]: r for r in json.loads(out.read_text())["records"]}
+    assert set(recs) == {"compute_only", "hvd_fp32", "hx_global_qsgd8"}
+    for method in ("hvd_fp32", "hx_global_qsgd8"):
+        r = recs[method]
+        assert r["compute_s"] > 0 and r["compute_first_s"] == recs["compute_only"]["compute_s"]
+        assert r["exposed_comm_s"] == pytest.approx(max(r["median_step_s"] - r["compute_s"], 0.0))
+    q = recs["hx_global_qsgd8"]
+    assert q["limit_s"] == pytest.approx(max(q["compute_s"], q["wire_s"]))
+    assert "compute beside s" in proc.stdout

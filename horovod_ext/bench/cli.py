@@ -10,8 +10,9 @@
 For each bandwidth it creates one Linux network namespace per worker, joined by veth pairs to a
 bridge and shaped with tc (tbf) in both directions, launches the workers there with horovodrun,
 and deletes the namespaces afterwards (also on Ctrl-C). Per method it reports the median step
-time over --steps steps after --warmup, the compute-only time, the exposed communication, bytes
-per step and, for ours, the limit max(compute, wire bytes / bandwidth). Methods: Horovod fp32 and
+time over --steps steps after --warmup, the compute-only time (measured again beside each method,
+half the steps before it and half after, because this host's speed drifts within a run), the exposed
+communication, bytes per step and, for ours, the limit max(compute beside it, wire bytes / bandwidth). Methods: Horovod fp32 and
 fp16 (hvd.DistributedOptimizer), PyTorch DDP over Gloo plain and with the PowerSGD hook, and each
 horovod_ext codec with and without pipelining. Writes JSON (one record per method and bandwidth)
 and a PNG of step time against bandwidth. Needs root (namespaces, tc); --no-netns runs unshaped
@@ -115,8 +116,8 @@ def summarize(records) -> None:
         if fp32:
             print(f"Horovod fp32 spends {100 * fp32['comm_fraction']:.0f}% of its step communicating "
                   f"(compute alone {fp32['compute_s']:.3f} s)")
-        print("| method | median step s | vs hvd fp32 | limit s | step/limit | waited s | MB per step | adaptive |\n"
-              "|---|---|---|---|---|---|---|---|")
+        print("| method | median step s | vs hvd fp32 | compute beside s | limit s | step/limit | waited s | MB per step "
+              "| adaptive |\n|---|---|---|---|---|---|---|---|---|")
         for r in recs:
             rel = f"{r['median_step_s'] / fp32['median_step_s']:.2f}x" if fp32 else ""
             lim = r.get("limit_s")
@@ -125,7 +126,8 @@ def summarize(records) -> None:
             # ours: the seconds per step the training thread waited for reductions after backward (the
             # communication not hidden; a Horovod timeline, HOROVOD_TIMELINE=file, shows what it waited for)
             waited = "" if r.get("wait_s") is None else f"{r['wait_s']:.3f}"
-            print(f"| {r['method']} | {r['median_step_s']:.3f} | {rel} | {lim_s} | {ratio} | {waited} | "
+            beside = "" if r["method"] == "compute_only" or r.get("compute_s") is None else f"{r['compute_s']:.3f}"
+            print(f"| {r['method']} | {r['median_step_s']:.3f} | {rel} | {beside} | {lim_s} | {ratio} | {waited} | "
                   f"{r.get('bytes_per_step', 0) / 1e6:.2f} | {decision(r)} |")
 
 

@@ -6,7 +6,8 @@ point by point, and used to predict scaling from 2 to 1024 workers.
 
 The model of one step of a method at n workers on links of B bit/s (each worker's full-duplex link):
 
-* compute C (s): measured alone (hx-bench's ``compute_only`` at that point);
+* compute C (s): measured alone, beside the method (hx-bench's ``compute_s`` of its record; runs before
+  2026-12-02 have only the ``compute_only`` figure from the start of the run there);
 * codec K (s): the method's compress + decompress seconds per step, measured at that point;
 * wire bytes one worker sends per step, by the textbook cost of each collective: ring allreduce
   2(n-1)/n of the payload, allgather (n-1) times each worker's payload (top-k), and the bf16
