@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The measured points of hx-bench predict's cost model (issue 18): 2, 3 and 4 workers, each at 100 Mbit/s,
 # 1 Gbit/s and 10 Gbit/s, Horovod fp32/fp16 and each of our codecs with the adaptive rule off (each codec's own
-# speed), then the fit, the per-point check and the predictions. About 30 minutes on 2 cores; needs root.
+# speed), then the fit, the per-point check and the predictions. About 50 minutes on 2 cores with STEPS 6
+# (hx-bench also times compute alone beside every method); needs root.
 #   bash scripts/cost_model_runs.sh [OUT_DIR (default out/cost-model)] [STEPS (default 4)]
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -110,3 +110,16 @@ def test_hx_bench_measures_compute_beside_each_method(tmp_path):
     q = recs["hx_global_qsgd8"]
     assert q["limit_s"] == pytest.approx(max(q["compute_s"], q["wire_s"]))
     assert "compute beside s" in proc.stdout
+
+
+def test_each_point_takes_the_median_compute_of_its_run():
+    """Compute alone does not depend on the method: a point's compute is the median of every figure its run
+    measured (the start-of-run one and those beside each method), so one slow measurement does not move it."""
+    base = {"workers": 2, "bandwidth": "1gbit", "bandwidth_bps": 1e9, "parameters": 1000, "setting": "comm-bound"}
+    recs = [dict(base, method="compute_only", compute_s=0.10, median_step_s=0.10),
+            dict(base, method="hvd_fp32", compute_s=0.30, median_step_s=0.5, bytes_allreduce_per_step=4000.0),
+            dict(base, method="hx_global_qsgd8", compute_s=0.12, median_step_s=0.2, bytes_allreduce_per_step=1000.0),
+            dict(base, method="hvd_fp32", compute_s=0.90, median_step_s=0.9, bandwidth="10gbit", bandwidth_bps=1e10,
+                 bytes_allreduce_per_step=4000.0)]
+    pts = P.points(recs)
+    assert [p["compute_s"] for p in pts] == [0.12, 0.12, 0.90]

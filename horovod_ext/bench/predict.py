@@ -6,8 +6,8 @@ point by point, and used to predict scaling from 2 to 1024 workers.
 
 The model of one step of a method at n workers on links of B bit/s (each worker's full-duplex link):
 
-* compute C (s): measured alone, beside the method (hx-bench's ``compute_s`` of its record; runs before
-  2026-12-02 have only the ``compute_only`` figure from the start of the run there);
+* compute C (s): measured alone, the median of the run's figures (hx-bench's ``compute_only`` at the start,
+  and the ``compute_s`` it measured beside each method);
 * codec K (s): the method's compress + decompress seconds per step, measured at that point;
 * wire bytes one worker sends per step, by the textbook cost of each collective: ring allreduce
   2(n-1)/n of the payload, allgather (n-1) times each worker's payload (top-k), and the bf16
@@ -34,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 
 #: fitted constants: (name, initial value, lower bound, upper bound)
@@ -98,16 +99,29 @@ def step_time(p: dict, method: str, n: int, bps: float, compute: float, codec: f
     return compute + codec + max(0.0, t_comm - p["omega"] * compute)
 
 
+def run_compute(records: list[dict]) -> dict:
+    """Compute seconds per step for each run (workers, bandwidth, setting): the median of every compute-alone
+    figure the run measured (at its start, and beside each method where hx-bench timed it). Compute does not
+    depend on the method, and on a busy host one figure alone moves by tens of percent within a run."""
+    groups: dict = {}
+    for r in records:
+        key = (r["workers"], r["bandwidth"], r.get("setting"))
+        groups.setdefault(key, []).append(r["compute_s"])
+    return {k: statistics.median(v) for k, v in groups.items()}
+
+
 def points(records: list[dict], cores: int = 2) -> list[dict]:
     """The measured points the model is checked on: every method record with a link rate (``cores``:
-    the measuring host's, where a record does not say)."""
+    the measuring host's, where a record does not say), each with its run's compute (:func:`run_compute`)."""
     out = []
+    compute = run_compute(records)
     for r in records:
         if r["method"] == "compute_only" or not r.get("bandwidth_bps"):
             continue
         ar, ag, tp = payload(r)
         out.append({"method": r["method"], "workers": r["workers"], "bandwidth": r["bandwidth"],
-                    "bps": r["bandwidth_bps"], "compute_s": r["compute_s"], "codec_s": r.get("codec_s") or 0.0,
+                    "bps": r["bandwidth_bps"], "compute_s": compute[(r["workers"], r["bandwidth"], r.get("setting"))],
+                    "codec_s": r.get("codec_s") or 0.0,
                     "ar": ar, "ag": ag, "tp": tp, "elements": r["parameters"], "measured_s": r["median_step_s"],
                     "share": r.get("host_cores", cores) / r["workers"]})
     return out
