@@ -163,7 +163,8 @@ def main(argv=None) -> None:
             "host_cores": os.cpu_count(),
             "cost_rule": not args.no_adaptive}
     emit(dict(base, method="compute_only", median_step_s=compute, bytes_per_step=0))
-    def compute_beside(tag: str) -> list[float]:
+
+    def compute_beside() -> list[float]:
         # Compute alone again, right beside a method: this host's speed drifts by tens of percent within one
         # run, so a method's limit and exposed communication are taken against compute measured next to it.
         m, mk, lf = build(args.model, args.batch, args.frames)
@@ -171,7 +172,7 @@ def main(argv=None) -> None:
         return time_steps(m, o, mk, lf, max(4, args.steps // 2), 1, seed=rank)
 
     for method in methods:
-        before = compute_beside("before")
+        before = compute_beside()
         model, make_batch, loss_fn = build(args.model, args.batch, args.frames)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         call, opt, nbytes, hx_opt = make_optimizer(method, model, 0.01, hvd, hx, args.powersgd_rank,
@@ -190,7 +191,7 @@ def main(argv=None) -> None:
         statistic = statistics.mean if method.startswith(("hx_slowmo", "hx_gossip")) else statistics.median
         step = float(hvd.allreduce(torch.tensor(statistic(times)), name=f"t.{method}", op=hvd.Max))
         del opt, call, model
-        after = compute_beside("after")
+        after = compute_beside()
         here = float(hvd.allreduce(torch.tensor(statistics.median(before + after)), name=f"c.{method}", op=hvd.Max))
         rec = dict(base, method=method, median_step_s=step, step_statistic=statistic.__name__, step_times_s=times,
                    compute_s=here, compute_first_s=compute,
