@@ -46,6 +46,22 @@ def rounded_average(gs, m, bucket):
     return out
 
 
+def training_data(corpus, batches: int):
+    """The corpus's training set (clean features) and its first ``batches`` batches of 20 s of audio."""
+    c = Path(corpus)
+    ds = SpeechDataset(c / "train.jsonl", Tokenizer(c / "tokenizer/tokenizer.model"),
+                       Normalizer(c / "stats/feature_stats.json"))
+    return ds, BucketBatchSampler(ds.durations, 20.0, 48, seed=1)._batches()[:batches]
+
+
+def load_model(checkpoint):
+    """The BFA model of an asr.train checkpoint, in training mode."""
+    obj = load_checkpoint(checkpoint, expect_keys=("model", "model_config"), what="a BFA checkpoint written by asr.train")
+    model = BFA(BFAConfig(**obj["model_config"]))
+    model.load_state_dict(obj["model"])
+    return model.train()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("checkpoints", nargs="+", help="asr.train checkpoints (epochNNN.pt)")
@@ -54,15 +70,9 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    c = Path(args.corpus)
-    ds = SpeechDataset(c / "train.jsonl", Tokenizer(c / "tokenizer/tokenizer.model"),
-                       Normalizer(c / "stats/feature_stats.json"))
-    batches = BucketBatchSampler(ds.durations, 20.0, 48, seed=1)._batches()[:2]
+    ds, batches = training_data(args.corpus, 2)
     for ck in args.checkpoints:
-        obj = load_checkpoint(ck, expect_keys=("model", "model_config"), what="a BFA checkpoint written by asr.train")
-        model = BFA(BFAConfig(**obj["model_config"]))
-        model.load_state_dict(obj["model"])
-        model.train()
+        model = load_model(ck)
         gs = [grads(model, ds, b) for b in batches]
         exact = {n: (gs[0][n] + gs[1][n]) / 2 for n in gs[0]}
         ref = sum(float(v.norm() ** 2) for v in exact.values()) ** 0.5

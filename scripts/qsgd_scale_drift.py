@@ -23,19 +23,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from asr.checkpoint import load_checkpoint  # noqa: E402
-from asr.loader import BucketBatchSampler, Normalizer, SpeechDataset, Tokenizer, collate  # noqa: E402
-from asr.models.bfa import BFA, BFAConfig  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from qsgd_bucket_error import grads, load_model, training_data  # noqa: E402  (corpus, checkpoint, gradients)
 
 BUCKET, M = 512, 63
 
 
 def worker_grads(model, ds, batch):
-    model.zero_grad()
-    b = collate([ds[i] for i in batch])
-    model(b.feats, b.flen, b.toks, b.tlen)[0].backward()
-    return {n: p.grad.detach().clone().reshape(-1) for n, p in model.named_parameters()}
+    return {n: g.reshape(-1) for n, g in grads(model, ds, batch).items()}
 
 
 def rows(x):
@@ -58,14 +53,8 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    c = Path(args.corpus)
-    ds = SpeechDataset(c / "train.jsonl", Tokenizer(c / "tokenizer/tokenizer.model"),
-                       Normalizer(c / "stats/feature_stats.json"))
-    batches = BucketBatchSampler(ds.durations, 20.0, 48, seed=1)._batches()[:2 * args.steps]
-    obj = load_checkpoint(args.checkpoint, expect_keys=("model", "model_config"), what="a BFA checkpoint")
-    model = BFA(BFAConfig(**obj["model_config"]))
-    model.load_state_dict(obj["model"])
-    model.train()
+    ds, batches = training_data(args.corpus, 2 * args.steps)
+    model = load_model(args.checkpoint)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     history = []       # per step: {name: (rows of worker 0, rows of worker 1, global scales)}
     for step in range(args.steps):
