@@ -248,7 +248,7 @@ def test_time_budget_stops_mid_epoch_and_leaves_no_minutes_unused(corpus, tmp_pa
 
 def test_step_budget_stops_mid_epoch_at_exactly_max_steps(corpus, tmp_path):
     """train.max_steps: a budget in steps (paired runs then compare at equal steps whatever the host's
-    speed); the cosine schedule runs to it, so the last step's lr is the schedule's end value."""
+    speed); the cosine schedule runs to it, so the lr falls every step to the budget's end."""
     run = tmp_path / "budget_steps"
     train(overrides(corpus, run, train="train.jsonl", train__epochs=3, train__batch_seconds=4,
                     train__max_steps=7, train__schedule="cosine", train__warmup_steps=1, data__dev_subset=2))

@@ -99,14 +99,18 @@ def step_time(p: dict, method: str, n: int, bps: float, compute: float, codec: f
     return compute + codec + max(0.0, t_comm - p["omega"] * compute)
 
 
+def _run(r: dict) -> tuple:
+    """Which run a record belongs to: one hx-bench launch per worker count, bandwidth and setting."""
+    return r["workers"], r["bandwidth"], r.get("setting")
+
+
 def run_compute(records: list[dict]) -> dict:
     """Compute seconds per step for each run (workers, bandwidth, setting): the median of every compute-alone
     figure the run measured (at its start, and beside each method where hx-bench timed it). Compute does not
     depend on the method, and on a busy host one figure alone moves by tens of percent within a run."""
     groups: dict = {}
     for r in records:
-        key = (r["workers"], r["bandwidth"], r.get("setting"))
-        groups.setdefault(key, []).append(r["compute_s"])
+        groups.setdefault(_run(r), []).append(r["compute_s"])
     return {k: statistics.median(v) for k, v in groups.items()}
 
 
@@ -120,7 +124,7 @@ def points(records: list[dict], cores: int = 2) -> list[dict]:
             continue
         ar, ag, tp = payload(r)
         out.append({"method": r["method"], "workers": r["workers"], "bandwidth": r["bandwidth"],
-                    "bps": r["bandwidth_bps"], "compute_s": compute[(r["workers"], r["bandwidth"], r.get("setting"))],
+                    "bps": r["bandwidth_bps"], "compute_s": compute[_run(r)],
                     "codec_s": r.get("codec_s") or 0.0,
                     "ar": ar, "ag": ag, "tp": tp, "elements": r["parameters"], "measured_s": r["median_step_s"],
                     "share": r.get("host_cores", cores) / r["workers"]})

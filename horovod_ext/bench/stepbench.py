@@ -152,11 +152,11 @@ def main(argv=None) -> None:
                   + (f"  limit {rec['limit_s']:.3f} s" if rec.get("limit_s") is not None else ""), flush=True)
 
     # Compute alone (no communication): the floor every method shares.
-    model, make_batch, loss_fn = build(args.model, args.batch, args.frames)
-    _, opt, _, _ = make_optimizer("compute", model, 0.01, hvd, hx, args.powersgd_rank)
-    compute = statistics.median(time_steps(model, opt, make_batch, loss_fn, args.steps, args.warmup, seed=rank))
+    cmodel, cmake, closs = build(args.model, args.batch, args.frames)
+    _, copt, _, _ = make_optimizer("compute", cmodel, 0.01, hvd, hx, args.powersgd_rank)
+    compute = statistics.median(time_steps(cmodel, copt, cmake, closs, args.steps, args.warmup, seed=rank))
     compute = float(hvd.allreduce(torch.tensor(compute), name="compute", op=hvd.Max))
-    params = parameter_count(model)
+    params = parameter_count(cmodel)
     base = {"model": args.model, "parameters": params, "workers": n, "bandwidth": args.bandwidth,
             "bandwidth_bps": args.bandwidth_bps, "setting": args.setting, "batch": args.batch,
             "frames": args.frames, "steps": args.steps, "compute_s": compute, "kernels": kernels_status(),
@@ -165,11 +165,10 @@ def main(argv=None) -> None:
     emit(dict(base, method="compute_only", median_step_s=compute, bytes_per_step=0))
 
     def compute_beside() -> list[float]:
-        # Compute alone again, right beside a method: this host's speed drifts by tens of percent within one
-        # run, so a method's limit and exposed communication are taken against compute measured next to it.
-        m, mk, lf = build(args.model, args.batch, args.frames)
-        _, o, _, _ = make_optimizer("compute", m, 0.01, hvd, hx, args.powersgd_rank)
-        return time_steps(m, o, mk, lf, max(4, args.steps // 2), 1, seed=rank)
+        # Compute alone again (the same model and plain optimizer), right beside a method: this host's speed
+        # drifts by tens of percent within one run, so a method's limit and exposed communication are taken
+        # against compute measured next to it.
+        return time_steps(cmodel, copt, cmake, closs, max(4, args.steps // 2), 1, seed=rank)
 
     for method in methods:
         before = compute_beside()
