@@ -144,10 +144,14 @@ def test_voice_list_rules():
     train_variants = {v.name.split("+")[1] for v in voices["train"] if "+" in v.name}
     assert not train_variants & {"f4", "m6"}
     assert train_variants == set(espeak_variants()) - {"f4", "m6"}   # every other espeak-ng variant trains
+    for base in ("pico:en-US", "pico:en-GB"):                   # SVOX Pico's two women, and a man from each
+        assert {base, f"{base}~f", f"{base}~m"} <= ids["train"]
     speakers = {s: {v.speaker for v in vs} for s, vs in voices.items()}
     assert not speakers["dev"] & speakers["test"]
-    weight = {e: sum(v.weight for v in voices["train"] if v.engine == e) for e in ("espeak", "flite", "festival")}
-    assert weight["espeak"] == pytest.approx(weight["flite"] + weight["festival"])  # half the audio each
+    weight = {e: sum(v.weight for v in voices["train"] if v.engine == e)
+              for e in ("espeak", "flite", "festival", "pico")}
+    # a third of the audio each: espeak-ng, the diphone men, Pico's HMM women
+    assert weight["espeak"] == pytest.approx(weight["flite"] + weight["festival"]) == pytest.approx(weight["pico"])
 
 
 def _voices_yaml(tmp_path, train, dev, test):
@@ -239,3 +243,34 @@ def test_derived_voice_rules(tmp_path):
     argv, _ = v.command("hello", p, tmp_path / "x.wav")
     assert "(voice_ked_diphone)" in argv and any("Duration_Stretch 1.2)" in a for a in argv)
     assert any("target_f0_mean 158.3" in a for a in argv)  # 190 / 1.2 before the resampling raises it
+
+
+def test_pico_voices_speak_and_derived_ones_move_f0_but_not_duration(tmp_path):
+    """SVOX Pico (PyPI ttspico) runs in-process: the plain US voice is a woman, its ~m derivative a man, at the
+    same duration (Pico speaks faster and higher by 1/formant, then the resampling undoes both)."""
+    import librosa
+    import numpy as np
+
+    text = "Please set an alarm for seven tomorrow morning."
+    plain, male = tmp_path / "plain.wav", tmp_path / "male.wav"
+    Voice("pico", "en-US", "train").synthesize(text, {"stretch": 1.0}, plain)
+    v = Voice("pico", "en-US~m", "train", stretch=(1.0, 1.0), f0=(110, 110), formant=(0.88, 0.88))
+    params = v.draw_params(__import__("random").Random(0))
+    assert v.pico_settings(params) == {"rate": 114, "pitch": 76}   # 100 / 0.88; 110 Hz / 0.88 / 164 Hz
+    v.synthesize(text, params, male)
+    (y0, sr0), (y1, sr1) = sf.read(plain), sf.read(male)
+    assert sr0 == sr1 == 16000
+    assert abs(len(y1) / len(y0) - 1) < 0.1
+    f0 = lambda y, sr: float(np.nanmedian(librosa.pyin(y.astype(np.float32), fmin=60, fmax=400, sr=sr)[0]))
+    assert 150 < f0(y0, sr0) < 180 and 95 < f0(y1, sr1) < 125
+    assert v.speaker == "svox-lh0" and Voice("pico", "en-GB", "train").speaker == "svox-kh0"
+
+
+def test_pico_rules_name_the_voice():
+    with pytest.raises(VoiceConfigError, match="pico:en-AU: Pico has no voice 'en-AU'"):
+        Voice("pico", "en-AU", "train").check_installed()
+    v = Voice("pico", "en-GB~m", "train", f0=(60, 60), formant=(1.0, 1.0))
+    with pytest.raises(RuntimeError, match="pico:en-GB~m: F0 60 Hz .* needs Pico pitch 35%, outside its 50-200%"):
+        v.pico_settings({"f0": 60, "formant": 1.0})
+    with pytest.raises(ValueError, match="in-process"):
+        v.command("hello", {}, "x.wav")

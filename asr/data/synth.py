@@ -6,9 +6,8 @@ files under data/, so two runs with the same seed produce byte-identical FLAC fi
 finished utterance leaves a record in DIR/.done/<id>.json (its spec hash and FLAC md5); a re-run skips an
 utterance whose FLAC still has that md5 and regenerates anything missing, changed or damaged.
 
-TODO(test_far): a far-field test set (DIR/test_far.jsonl: the test split passed through seeded simulated rooms,
-pyroomacoustics RIRs + noise) is not built yet; it needs the acoustic simulator (asr/augment), which does not
-exist. When it lands, add it here as a fourth manifest over the same test sentences and voices.
+The far-field test set (DIR/test_far.jsonl: the test split once through seeded simulated rooms) is a separate
+step, ``asr-prep far`` (asr/data/far.py), so a corpus can be rebuilt or extended without re-simulating it.
 """
 from __future__ import annotations
 
@@ -234,7 +233,7 @@ def build_corpus(out_dir, size: str = "tiny", seed: int = 0, jobs: int | None = 
         "vocab_size_per_split": vocab,
         "text": info,
         "tools": tool_versions(),
-        "test_far": "not built yet (TODO: needs the acoustic simulator)",
+        "test_far": "made by a separate step: asr-prep far --manifest DIR/test.jsonl (asr/data/far.py)",
     }
     write_json(out / "corpus.json", corpus)
     n_ok = sum(len(es) for es in manifests.values())

@@ -1,15 +1,18 @@
-"""Synthetic voices: the voice list (data/voices.yaml) and the three offline synthesizer backends.
+"""Synthetic voices: the voice list (data/voices.yaml) and the four offline synthesizer backends.
 
-Backends are Debian programs run as subprocesses: espeak-ng, flite and festival's text2wave. All three are
-deterministic for a given text and settings, so a seeded choice of prosody per utterance makes the audio
-reproducible.
+Three backends are Debian programs run as subprocesses: espeak-ng, flite and festival's text2wave. The fourth is
+SVOX Pico (``ttspico`` from PyPI, which bundles the engine and its two English voices, US and GB, both female and
+HMM-based like the slt HTS test voice, but other speakers), run in-process. All four are deterministic for a given
+text and settings, so a seeded choice of prosody per utterance makes the audio reproducible.
 
 A *derived* voice (``name~tag`` in data/voices.yaml, e.g. ``kal_diphone~f``) is a diphone voice with its pitch and
 vocal-tract length changed: the synthesizer is asked for a higher mean F0 and a longer duration, then the waveform
 is resampled so it plays ``formant`` times faster, which scales every formant (and F0) by that factor and brings the
 duration back. F0 x1.7 and formants x1.15-1.2 turn a male diphone voice into a female-like one; Debian has no
-female flite/festival English voice besides slt, which is held out for dev and test. Reserved voices (flite awb, any Piper voice) belong to an outside evaluation: :func:`refuse_reserved`
-stops any attempt to construct or run one, whatever the YAML says.
+female flite/festival English voice besides slt, which is held out for dev and test. Pico voices honour F0
+targets too (its ``pitch`` property, a percentage of the voice's own mean F0 in :data:`PICO_BASE_F0`).
+Reserved voices (flite awb, any Piper voice) belong to an outside evaluation: :func:`refuse_reserved` stops any
+attempt to construct or run one, whatever the YAML says.
 """
 from __future__ import annotations
 
@@ -24,17 +27,23 @@ import yaml
 from . import DATA_DIR
 
 SPLITS = ("train", "dev", "test")
-ENGINES = ("espeak", "flite", "festival")
+ENGINES = ("espeak", "flite", "festival", "pico")
 FESTIVAL_VOICE_DIRS = (Path("/usr/share/festival/voices"),)
 DEBIAN_PACKAGES = {"espeak": "espeak-ng", "flite": "flite",
                    "festival": "festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts"}
+PICO_HINT = "install the PyPI package ttspico (make setup does: pip install .[asr])"
+#: SVOX Pico's voices (``ttspico`` language codes) and their mean F0 in Hz at pitch 100%, measured with librosa's
+#: pyin on a 5 s sentence (163.9 and 172.7 Hz); the pitch property scales it linearly within 50-200%.
+PICO_BASE_F0 = {"en-US": 164.0, "en-GB": 173.0}
+PICO_PITCH_RANGE = (50, 200)
 TIMEOUT_S = 120
 #: The person behind each non-espeak voice (see Voice.speaker).
 RECORDED_SPEAKERS = {"flite:kal": "kal", "flite:kal16": "kal", "festival:kal_diphone": "kal",
                      "festival:ked_diphone": "ked", "flite:rms": "arctic-rms", "flite:slt": "arctic-slt",
-                     "festival:cmu_us_slt_arctic_hts": "arctic-slt"}
-#: Voices whose F0 targets the synthesizer honours (diphone voices; flite's clustergen voices ignore them).
-F0_CAPABLE = {"flite": ("kal", "kal16"), "festival": ("kal_diphone", "ked_diphone")}
+                     "festival:cmu_us_slt_arctic_hts": "arctic-slt",
+                     "pico:en-US": "svox-lh0", "pico:en-GB": "svox-kh0"}
+#: Voices whose F0 targets the synthesizer honours (diphone voices and Pico; flite's clustergen voices ignore them).
+F0_CAPABLE = {"flite": ("kal", "kal16"), "festival": ("kal_diphone", "ked_diphone"), "pico": tuple(PICO_BASE_F0)}
 
 
 class ReservedVoiceError(AssertionError):
@@ -115,8 +124,10 @@ class Voice:
         return p
 
     def command(self, text: str, params: dict, wav_path: Path) -> tuple[list[str], bytes | None]:
-        """The argv (and stdin) that writes ``text`` spoken by this voice to ``wav_path``."""
+        """The argv (and stdin) that writes ``text`` spoken by this voice to ``wav_path`` (subprocess engines)."""
         refuse_reserved(self.engine, self.name)
+        if self.engine == "pico":
+            raise ValueError(f"{self.id}: Pico runs in-process (Voice.synthesize), not as a program")
         alpha = params.get("formant", 1.0)  # the synthesizer speaks slower and lower; resampling undoes both
         stretch = round(params.get("stretch", 1.0) * alpha, 4) if ("stretch" in params or alpha != 1.0) else None
         f0 = params["f0"] / alpha if "f0" in params else None
@@ -142,8 +153,25 @@ class Voice:
                               "(model_f0_mean 170) (model_f0_std 34)))"]
         return argv + ["-o", str(wav_path)], text.encode()
 
+    def pico_settings(self, params: dict) -> dict[str, int]:
+        """Pico's ``rate`` and ``pitch`` (percent) for drawn ``params``: like the diphone voices, a derived Pico
+        voice speaks slower and lower by ``formant`` before the resampling that undoes both."""
+        alpha = params.get("formant", 1.0)
+        rate = round(100.0 / (params.get("stretch", 1.0) * alpha))
+        pitch = round(100.0 * params["f0"] / alpha / PICO_BASE_F0[self.program_voice]) if "f0" in params else 100
+        lo, hi = PICO_PITCH_RANGE
+        if not lo <= pitch <= hi:
+            raise RuntimeError(f"{self.id}: F0 {params['f0']} Hz at formant {alpha} needs Pico pitch {pitch}%, "
+                               f"outside its {lo}-{hi}%")
+        return {"rate": rate, "pitch": pitch}
+
     def synthesize(self, text: str, params: dict, wav_path: Path) -> None:
         """Run the synthesizer; raise RuntimeError naming the voice and the program's error on failure."""
+        if self.engine == "pico":
+            _pico_synthesize(self, text, params, wav_path)
+            if params.get("formant", 1.0) != 1.0:
+                shift_formants(wav_path, params["formant"])
+            return
         argv, stdin = self.command(text, params, wav_path)
         try:
             res = subprocess.run(argv, input=stdin if stdin is not None else b"", capture_output=True,
@@ -159,7 +187,16 @@ class Voice:
             shift_formants(wav_path, params["formant"])
 
     def check_installed(self) -> None:
-        """Raise VoiceConfigError (naming the Debian package) if this voice's program or data is missing."""
+        """Raise VoiceConfigError (naming the package) if this voice's program or data is missing."""
+        if self.engine == "pico":
+            if self.program_voice not in PICO_BASE_F0:
+                raise VoiceConfigError(f"voice {self.id}: Pico has no voice {self.program_voice!r} "
+                                       f"(has {', '.join(PICO_BASE_F0)})")
+            try:
+                _pico_engine(self.program_voice)
+            except (ImportError, RuntimeError) as e:
+                raise VoiceConfigError(f"voice {self.id}: cannot start SVOX Pico ({e}); {PICO_HINT}") from e
+            return
         prog = {"espeak": "espeak-ng", "flite": "flite", "festival": "text2wave"}[self.engine]
         hint = f"install Debian package(s): apt-get install -y {DEBIAN_PACKAGES[self.engine]}"
         if shutil.which(prog) is None:
@@ -172,6 +209,31 @@ class Voice:
         if self.engine == "festival" and not any(any(d.glob(f"*/{name}")) for d in FESTIVAL_VOICE_DIRS
                                                  if d.is_dir()):
             raise VoiceConfigError(f"voice {self.id}: festival voice {name} not installed; {hint}")
+
+
+_PICO_ENGINES: dict = {}
+
+
+def _pico_engine(language: str):
+    """One ttspico engine per language and process (creating one loads its voice files, about 10 ms)."""
+    if language not in _PICO_ENGINES:
+        import ttspico
+        _PICO_ENGINES[language] = ttspico.TtsEngine(language)
+    return _PICO_ENGINES[language]
+
+
+def _pico_synthesize(voice: Voice, text: str, params: dict, wav_path: Path) -> None:
+    """Speak ``text`` with SVOX Pico into a 16 kHz 16-bit WAV file."""
+    import numpy as np
+    import soundfile as sf
+    settings = voice.pico_settings(params)
+    try:
+        engine = _pico_engine(voice.program_voice)
+        engine.rate, engine.pitch = settings["rate"], settings["pitch"]
+        pcm = engine.speak(text) or b""
+    except (ImportError, RuntimeError, ValueError) as e:
+        raise RuntimeError(f"{voice.id}: SVOX Pico failed: {e}") from e
+    sf.write(str(wav_path), np.frombuffer(pcm, dtype=np.int16), 16000, subtype="PCM_16")
 
 
 def shift_formants(wav_path: Path, alpha: float) -> None:
@@ -283,4 +345,9 @@ def tool_versions() -> dict[str, str]:
             out[name] = next((ln for ln in lines if "version" in ln.lower()), lines[0] if lines else "?")
         except (OSError, subprocess.TimeoutExpired):
             out[name] = "not installed"
+    try:
+        from importlib.metadata import version
+        out["ttspico"] = f"ttspico {version('ttspico')} (SVOX Pico)"
+    except Exception:  # noqa: BLE001 - a version string only
+        out["ttspico"] = "not installed"
     return out
