@@ -114,3 +114,29 @@ def test_stats_record_the_settings_they_were_computed_with(tmp_path):
     assert stats.settings == FeatureSettings(mel_compression="log")
     feats = compute_features(torch.from_numpy(sf.read(tmp_path / "a.flac", dtype="float32")[0]), stats.settings)
     assert np.allclose(stats.mean.numpy(), feats.double().mean(0).numpy(), rtol=1e-5)
+
+
+def test_stats_fill_the_feature_cache_training_reads_and_give_the_same_figures(tmp_path):
+    """asr-prep stats leaves each clean spectrogram where training's data.feature_cache=auto looks (keyed by the
+    manifest's md5), and its figures equal those computed without a cache."""
+    from asr.data.audio import md5_file
+    from asr.frontend.cache import open_feature_cache
+
+    entries = []
+    for i, (sec, hz) in enumerate([(0.7, 250), (1.3, 900)]):
+        t = np.arange(int(sec * 16000)) / 16000
+        sf.write(tmp_path / f"s{i}.flac", (0.2 * np.sin(2 * np.pi * hz * t)).astype(np.float32), 16000)
+        entries.append({"id": f"s{i}", "audio_filepath": f"s{i}.flac", "duration": sec, "text": "x",
+                        "md5": md5_file(tmp_path / f"s{i}.flac")})
+    manifest = tmp_path / "train.jsonl"
+    write_manifest(manifest, entries)
+    assert main(["stats", "--manifest", str(manifest), "--out", str(tmp_path / "off"), "--jobs", "1",
+                 "--feature-cache", "off"]) == 0
+    assert not (tmp_path / "feature_cache").exists()
+    assert main(["stats", "--manifest", str(manifest), "--out", str(tmp_path / "on"), "--jobs", "2"]) == 0
+    off, on = (json.loads((tmp_path / d / "feature_stats.json").read_text()) for d in ("off", "on"))
+    assert on["mean"] == off["mean"] and on["var"] == off["var"] and on["frames"] == off["frames"]
+    cache = open_feature_cache("auto", manifest, read_stats(tmp_path / "on" / "feature_stats.json").settings)
+    for i, e in enumerate(entries):
+        cache.power(tmp_path / e["audio_filepath"], e["md5"])
+    assert (cache.hits, cache.misses) == (2, 0)                # training's first epoch computes nothing

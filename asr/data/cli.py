@@ -38,7 +38,7 @@ def _tokenizer(a) -> int:
 def _stats(a) -> int:
     from .stats import compute_stats
     from ..frontend import FeatureSettings
-    compute_stats(a.manifest, a.out, FeatureSettings(mel_compression=a.mel_compression), a.jobs)
+    compute_stats(a.manifest, a.out, FeatureSettings(mel_compression=a.mel_compression), a.jobs, a.feature_cache)
     return 0
 
 
@@ -159,12 +159,17 @@ rest is imported. Exit 1 only if nothing usable remains, or with --strict if any
                        "(asr.frontend.compute_features: 40 bands, 25 ms windows, 10 ms hop, power-law x**(1/15) by "
                        "default) over all frames of a manifest, for feature normalization. Writes "
                        "OUT/feature_stats.json (with the feature settings, which training and evaluation then use) "
-                       "and .pt; prints a duration histogram and saves it as OUT/durations.txt and .png.")
+                       "and .pt; prints a duration histogram and saves it as OUT/durations.txt and .png. On the way "
+                       "it stores each utterance's clean spectrogram in the feature cache that training reads "
+                       "(data.feature_cache: auto), so the first epoch does not compute them.")
     s.add_argument("--manifest", required=True, help="manifest, e.g. DIR/train.jsonl")
     s.add_argument("--out", required=True, help="output folder, e.g. DIR/stats")
     s.add_argument("--mel-compression", choices=MEL_COMPRESSIONS, default=DEFAULT_FEATURES.mel_compression,
                    help="compression of the mel energies: power (x ** (1/15)) or log (log(x + 1e-6))")
     s.add_argument("--jobs", type=int, default=os.cpu_count(), help=jobs_help)
+    s.add_argument("--feature-cache", default="auto", metavar="auto|off|DIR",
+                   help="where the clean spectrograms go (auto: feature_cache/ next to the manifest, where "
+                        "training's data.feature_cache=auto reads them; off: nowhere)")
     s.set_defaults(func=_stats)
 
     s = sub.add_parser("lm-text", help="text for the language model (no dev/test sentence)",

@@ -6,6 +6,11 @@ manifest, accumulated in float64 per utterance and summed, so the result does no
 feature_stats.json holds the feature settings they were computed with (``"features"``: FeatureSettings.to_dict());
 :func:`read_stats` gives them back, and the loader computes features with exactly those. A file written before the
 settings were stored gives the front end's defaults (with its ``"compression"`` as ``mel_compression``).
+
+Stats read every training utterance and compute its spectrogram anyway, so with a feature cache (the default,
+``feature_cache/`` next to the manifest, where training looks with ``data.feature_cache: auto``) they leave each
+clean spectrogram there: the first training epoch then reads them instead of computing them while the trainers
+wait. The figures are the same either way (the cache's features are bitwise the front end's).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import numpy as np
 import torch
 
 from ..frontend import DEFAULT_FEATURES, AudioError, FeatureSettings, compute_features, read_audio
+from ..frontend.cache import FeatureCache, open_feature_cache
 from .manifest import audio_path, read_manifest, write_json
 from .pool import parallel_map
 
@@ -55,8 +61,8 @@ def read_stats(path) -> FeatureStats:
                         torch.tensor(stats["std"], dtype=torch.float32))
 
 
-def _utt_sums(job: tuple[str, FeatureSettings]) -> tuple:
-    path, settings = job
+def _utt_sums(job: tuple[str, str | None, FeatureSettings, FeatureCache | None]) -> tuple:
+    path, md5, settings, cache = job
     try:
         data, sr = read_audio(path, strict=True)
     except AudioError as e:
@@ -64,7 +70,10 @@ def _utt_sums(job: tuple[str, FeatureSettings]) -> tuple:
     if sr != settings.sample_rate or data.shape[1] != 1:
         return (None, f"{path}: expected {settings.sample_rate} Hz mono, got {sr} Hz, {data.shape[1]} channel(s)")
     with torch.no_grad():
-        f = compute_features(torch.from_numpy(data[:, 0]), settings, sample_rate=sr).double()
+        if cache is not None:
+            f = cache.features(path, md5).double()
+        else:
+            f = compute_features(torch.from_numpy(data[:, 0]), settings, sample_rate=sr).double()
     return (f.shape[0], f.sum(0).numpy(), (f * f).sum(0).numpy())
 
 
@@ -81,14 +90,19 @@ def duration_histogram(durations: list[float], width: int = 50) -> tuple[str, np
     return "\n".join(lines) + "\n", counts, edges
 
 
-def compute_stats(manifest, out_dir, settings: FeatureSettings = DEFAULT_FEATURES, jobs: int | None = None) -> dict:
-    """Write feature_stats.json/.pt, durations.txt and durations.png in out_dir; return the stats dict."""
+def compute_stats(manifest, out_dir, settings: FeatureSettings = DEFAULT_FEATURES, jobs: int | None = None,
+                  feature_cache="auto") -> dict:
+    """Write feature_stats.json/.pt, durations.txt and durations.png in out_dir; return the stats dict.
+
+    ``feature_cache``: where the clean spectrograms go on the way ("auto": ``feature_cache/`` next to the
+    manifest; "off": nowhere; or a folder), as training's ``data.feature_cache`` takes it."""
     entries = read_manifest(manifest)
     if not entries:
         raise StatsError(f"{manifest}: no utterances")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    jobs_in = [(str(audio_path(e, manifest)), settings) for e in entries]
+    cache = open_feature_cache(feature_cache, manifest, settings, where="asr-prep stats --feature-cache")
+    jobs_in = [(str(audio_path(e, manifest)), e.get("md5"), settings, cache) for e in entries]
     results = parallel_map(_utt_sums, jobs_in, jobs, desc="stats", unit="utt")
     bad = [r[1] for r in results if r[0] is None]
     if bad:
@@ -121,6 +135,7 @@ def compute_stats(manifest, out_dir, settings: FeatureSettings = DEFAULT_FEATURE
     fig.tight_layout()
     fig.savefig(out / "durations.png", dpi=100)
     plt.close(fig)
-    print(f"asr-prep stats: {frames} frames -> {out / 'feature_stats.json'}, {out / 'durations.png'}",
+    cached = f"; clean spectrograms in {cache.dir}" if cache is not None else ""
+    print(f"asr-prep stats: {frames} frames -> {out / 'feature_stats.json'}, {out / 'durations.png'}{cached}",
           file=sys.stderr)
     return stats

@@ -3,9 +3,9 @@
 #   0 prep       synthesize the offline corpus (asr-prep synth) and its far-field test set
 #   1 tokenizer  the language model's text (asr-prep lm-text: training transcripts plus generator sentences, no
 #                dev/test sentence), sentencepiece word pieces trained on it, feature statistics (asr-prep
-#                tokenizer, stats), the simulated rooms of the first --room-epochs epochs (asr-prep rooms, so
-#                the loader workers read rooms instead of building them while the trainers wait) and the
-#                word-piece LSTM language model (asr-lm)
+#                tokenizer, stats; stats also fill the clean-feature cache training reads), the simulated
+#                rooms of the first --room-epochs epochs (asr-prep rooms, so the loader workers read rooms
+#                instead of building them while the trainers wait) and the word-piece LSTM language model (asr-lm)
 #   2 train      horovodrun training through horovod_ext (compression and pipelining from the config)
 #   3 eval       WER of every epoch's checkpoint on the clean and far-field test sets (asr-eval --run-dir):
 #                joint CTC/attention beam search and CTC best path; then the last checkpoint with the LM
