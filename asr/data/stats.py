@@ -70,7 +70,8 @@ def _utt_sums(job: tuple[str, str | None, FeatureSettings, FeatureCache | None])
     if sr != settings.sample_rate or data.shape[1] != 1:
         return (None, f"{path}: expected {settings.sample_rate} Hz mono, got {sr} Hz, {data.shape[1]} channel(s)")
     with torch.no_grad():
-        if cache is not None:
+        if cache is not None:   # the audio decoded once: its spectrogram stored, the features read back from it
+            cache.offer(path, md5, torch.from_numpy(data[:, 0]))
             f = cache.features(path, md5).double()
         else:
             f = compute_features(torch.from_numpy(data[:, 0]), settings, sample_rate=sr).double()

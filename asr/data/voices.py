@@ -169,9 +169,13 @@ class Voice:
         """Run the synthesizer; raise RuntimeError naming the voice and the program's error on failure."""
         if self.engine == "pico":
             _pico_synthesize(self, text, params, wav_path)
-            if params.get("formant", 1.0) != 1.0:
-                shift_formants(wav_path, params["formant"])
-            return
+        else:
+            self._run_program(text, params, wav_path)
+        if params.get("formant", 1.0) != 1.0:
+            shift_formants(wav_path, params["formant"])
+
+    def _run_program(self, text: str, params: dict, wav_path: Path) -> None:
+        """A subprocess engine writes ``wav_path``; RuntimeError names the voice and the program's error."""
         argv, stdin = self.command(text, params, wav_path)
         try:
             res = subprocess.run(argv, input=stdin if stdin is not None else b"", capture_output=True,
@@ -183,8 +187,6 @@ class Voice:
         if res.returncode != 0:
             raise RuntimeError(f"{self.id}: {argv[0]} exited {res.returncode}: "
                                f"{res.stderr.decode(errors='replace').strip()[:300]}")
-        if params.get("formant", 1.0) != 1.0:
-            shift_formants(wav_path, params["formant"])
 
     def check_installed(self) -> None:
         """Raise VoiceConfigError (naming the package) if this voice's program or data is missing."""
