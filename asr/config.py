@@ -77,6 +77,9 @@ class TrainConfig:
     seed: int = 0
     loader_workers: int = 1             # DataLoader worker processes per trainer (augmentation runs there)
     threads: int = 1                    # torch threads per trainer
+    cycle_time_ms: float = 0.0          # Horovod's cycle time (HOROVOD_CYCLE_TIME) unless the launcher set one;
+                                        # 0: Horovod's default (1 ms). Every cycle is a small collective even when
+                                        # idle: on a few CPU cores a longer one leaves them to training
     log_every: int = 10
     dev_every: int = 1                  # dev WER after every N-th epoch (and after the last one)
     dev_attention: bool = False         # the dev pass also decodes greedily with the attention decoder (slower)

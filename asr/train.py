@@ -197,6 +197,7 @@ class Trainer:
         from .train_lm import tokenizer_digest
         self.tokenizer_digest = tokenizer_digest(cfg.data.tokenizer)
         self.agreed_s, self.stopped_early = 0.0, False           # training time agreed by all workers
+        self.data_wait_s = 0.0                                   # this worker's wait for batches this epoch
         self.comm_before = {"wait_s": 0.0, "skipped_steps": 0}   # comm_stats() counts from process start
         self.progress = {"step": 0, "mark": time.time()}         # last completed step; time counted up to
 
@@ -239,6 +240,7 @@ class Trainer:
                   **({"slowmo": cfg.train.slowmo} if cfg.train.slowmo else {}),
                   **({"gossip": cfg.train.gossip} if cfg.train.gossip else {}),
                   "pipeline": cfg.train.pipeline, "peak_lr": cfg.train.lr * self.hvd.size(), "cores": self.cores,
+                  "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME") or 1.0),   # what hvd.init() read
                   "config": cfg.to_dict(),
                   **({"elastic": True, "commit_every": cfg.train.commit_every} if self.elastic else {})})
 
@@ -337,7 +339,9 @@ class Trainer:
         last_note = time.time()
         steps_left = len(self.sampler)
         self.stopped_early = False
+        ready = time.perf_counter()
         for batch in bar:
+            self.data_wait_s += time.perf_counter() - ready     # the trainer idle, waiting for its loader
             factor = lr_factor(state.step, epoch, cfg.train.warmup_steps, cfg.train.decay, cfg.train.schedule,
                                self.progress_fraction(state), cfg.train.final_lr)
             for g in opt.param_groups:
@@ -379,6 +383,7 @@ class Trainer:
             if cfg.train.max_steps and state.step >= cfg.train.max_steps:
                 self.stopped_early = steps_left > 0
                 break
+            ready = time.perf_counter()
         opt.flush()
         bar.close()
         if self.elastic:
@@ -490,6 +495,9 @@ class Trainer:
                "train_s": train_s, "eval_s": eval_s, "lr": opt.param_groups[0]["lr"],
                "bits_per_element": comm["bits_per_element"],
                "comm_wait_s": comm["wait_s"] - self.comm_before["wait_s"],
+               # the slowest-fed worker's seconds waiting for its loader (augmentation that cannot keep up)
+               "data_wait_s": float(hvd.allreduce(torch.tensor(self.data_wait_s, dtype=torch.float64), op=hvd.Max,
+                                                  name=f"data_wait.{epoch}")),
                "skipped_utterances": int(counts["skipped_utterances"]),          # unreadable files, all workers
                "audio_s": counts["audio_s"],                                     # audio trained on, all workers
                "audio_per_core_s": counts["audio_s"] / max(train_s, 1e-9) / self.cores,
@@ -499,6 +507,7 @@ class Trainer:
         if self.stopped_early:   # train.max_minutes or max_steps ran out mid-epoch: the rest of this epoch was not trained
             rec["stopped_at_budget"] = True
         self.comm_before.update(wait_s=comm["wait_s"], skipped_steps=comm["skipped_steps"])
+        self.data_wait_s = 0.0
         opt_state = opt.gather_state_dict(root_rank=0)     # collective: every worker's codec state
         if self.rank == 0:
             cfg = self.cfg
@@ -527,6 +536,19 @@ class Trainer:
         state.check_host_updates()
 
 
+def set_cycle_time(ms: float) -> str:
+    """Horovod's cycle time for this process, read by ``hvd.init()``: ``ms`` (train.cycle_time_ms) unless
+    the environment already names one (``horovodrun --cycle-time-ms``, or HOROVOD_CYCLE_TIME exported), which
+    wins as it does for every Horovod knob. Returns the value in force ("" for Horovod's default).
+
+    Why: Horovod's background thread runs a cycle every HOROVOD_CYCLE_TIME ms (default 1), and each cycle
+    exchanges the response-cache bits with every worker even when no tensor is ready. On a 2-core host with
+    2 trainers that was a quarter of the CPU in system time (RESULTS.md, 2026-12-02 cycle-time pair)."""
+    if ms and "HOROVOD_CYCLE_TIME" not in os.environ:
+        os.environ["HOROVOD_CYCLE_TIME"] = f"{ms:g}"
+    return os.environ.get("HOROVOD_CYCLE_TIME", "")
+
+
 def main(argv=None) -> int:
     import horovod.torch as hvd
 
@@ -544,6 +566,7 @@ def main(argv=None) -> int:
     # Elastic (hvd.elastic.run): asked for in the config, or launched by horovodrun --host-discovery-script
     # (or --min-np/--max-np), which sets HOROVOD_ELASTIC=1 for its workers.
     elastic = cfg.train.elastic or os.environ.get("HOROVOD_ELASTIC") == "1"
+    set_cycle_time(cfg.train.cycle_time_ms)
     hvd.init()
     trainer = Trainer(cfg, elastic)
     start = trainer.resume(args.resume)

@@ -165,19 +165,30 @@ def test_train_under_horovodrun_with_compression_and_pipelining(corpus, tmp_path
     run = tmp_path / "hvd"
     train(overrides(corpus, run, train="train.jsonl", train__epochs=2, train__batch_seconds=8,
                     train__compression="global_qsgd8", train__pipeline="true", augment__enabled="true",
-                    augment__pool_size=4, train__loader_workers=1, data__dev_subset=4), np_=2)
+                    augment__pool_size=4, train__loader_workers=1, data__dev_subset=4, train__cycle_time_ms=7),
+          np_=2)
     recs = log_records(run)
     start = next(r for r in recs if r["event"] == "start")
     assert start["workers"] == 2 and start["compression"] == "global_qsgd8" and start["pipeline"]
+    assert start["cycle_time_ms"] == 7.0        # train.cycle_time_ms reached hvd.init() on the workers
     epochs = [r for r in recs if r["event"] == "epoch"]
     assert len(epochs) == 2 and epochs[1]["train_loss"] < epochs[0]["train_loss"]
-    # The communication wait is each epoch's own share, within that epoch's training time.
-    assert all(0 <= e["comm_wait_s"] <= e["train_s"] for e in epochs)
+    # The communication and loader waits are each epoch's own share, within that epoch's training time.
+    assert all(0 <= e["comm_wait_s"] <= e["train_s"] and 0 <= e["data_wait_s"] <= e["train_s"] for e in epochs)
     # Throughput: the audio trained on, per core-second, in the log (2 workers x (1 thread + 1 loader) here).
     assert start["cores"] >= 1 and all(e["audio_s"] > 0 and e["audio_per_core_s"] > 0 for e in epochs)
     assert (run / "checkpoints" / "epoch001.pt").exists() and (run / "DONE").exists()
     # Both ranks' loader workers share the simulated rooms through rir_cache/ next to the training manifest.
     assert list((corpus / "rir_cache").glob("room-*.pt"))
+
+
+def test_cycle_time_from_the_config_unless_the_launcher_set_one(monkeypatch):
+    from asr.train import set_cycle_time
+    monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
+    assert set_cycle_time(0) == "" and "HOROVOD_CYCLE_TIME" not in os.environ     # 0: Horovod's default
+    assert set_cycle_time(10) == "10" and os.environ["HOROVOD_CYCLE_TIME"] == "10"
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "2.5")                               # horovodrun --cycle-time-ms 2.5
+    assert set_cycle_time(10) == "2.5"
 
 
 def _can_emulate_hosts() -> bool:
