@@ -62,7 +62,15 @@ def parse_args(argv=None):
     p.add_argument("--limit", type=int, default=0, help="decode only the first N utterances of each manifest")
     p.add_argument("--watch", action="store_true", help="--run-dir: wait for new checkpoints until RUN/DONE")
     p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="torch threads")
-    return p.parse_args(argv)
+    p.add_argument("--jobs", type=int, default=1,
+                   help="--run-dir: decode this many epoch checkpoints at once, each in its own process with one "
+                        "thread (a beam search is a chain of small steps: processes use the cores, threads do not)")
+    args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs > 1 and args.watch:
+        p.error("--jobs decodes the checkpoints that exist; --watch waits for new ones: use one or the other")
+    return args
 
 
 
@@ -222,43 +230,64 @@ def _run_dir_methods(args, ckpt) -> list[str]:
     return list(dict.fromkeys(methods))
 
 
-def run_dir_mode(args) -> int:
-    run = Path(args.run_dir)
-    cache = run / "eval"
-    cache.mkdir(parents=True, exist_ok=True)
-    done_epochs, methods = set(), None
-    while True:
-        ckpts = sorted((run / "checkpoints").glob("epoch*.pt"))
-        for ck in ckpts:
-            epoch = int(re.findall(r"\d+", ck.stem)[0])
-            if epoch in done_epochs:
+def _epoch_of(ck: Path) -> int:
+    return int(re.findall(r"\d+", ck.stem)[0])
+
+
+def _decode_epoch(args, ck: Path, methods: list[str]) -> int:
+    """Decode one epoch checkpoint with every method on every manifest not yet in RUN/eval/ (each result written
+    atomically, so a stopped run keeps what it finished); returns the epoch."""
+    cache, epoch, loaded, lm = Path(args.run_dir) / "eval", _epoch_of(ck), None, None
+    for method in methods:
+        for m in args.manifest:
+            name = _name(m, _label(method, args.lm))
+            dest = cache / f"{name}.epoch{epoch:03d}.json"
+            if dest.exists():
                 continue
-            loaded = None
-            if methods is None:                         # every epoch of a run has the same config: ask the first
+            if loaded is None:
                 loaded = load_checkpoint(ck)
                 lm = _load_lm(args, ck, loaded[3])
-                methods = _run_dir_methods(args, loaded[3])
-                if args.lm and not {"ctc_beam", "joint"} & set(methods):
-                    raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam or joint only (here: {methods[0]})")
-            for method in methods:
-                for m in args.manifest:
-                    name = _name(m, _label(method, args.lm))
-                    dest = cache / f"{name}.epoch{epoch:03d}.json"
-                    if dest.exists():
-                        continue
-                    if loaded is None:
-                        loaded = load_checkpoint(ck)
-                        lm = _load_lm(args, ck, loaded[3])
-                    model, tok, norm, ckpt = loaded
-                    res = evaluate(model, tok, norm, m, limit=args.limit, desc=f"epoch {epoch} {name}",
-                                   **_decode_opts(args, ckpt, lm, method))
-                    res["epoch"] = epoch
-                    tmp = dest.with_suffix(".tmp")
-                    tmp.write_text(json.dumps(res, indent=1))
-                    os.replace(tmp, dest)
-                    print(f"[asr-eval] epoch {epoch} {name}: WER {100 * res['wer']:.2f}%  SER {100 * res['ser']:.2f}%"
-                          + _skip_note(res), flush=True)
-            done_epochs.add(epoch)
+            model, tok, norm, ckpt = loaded
+            res = evaluate(model, tok, norm, m, limit=args.limit, desc=f"epoch {epoch} {name}",
+                           **_decode_opts(args, ckpt, lm, method))
+            res["epoch"] = epoch
+            tmp = dest.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(res, indent=1))
+            os.replace(tmp, dest)
+            print(f"[asr-eval] epoch {epoch} {name}: WER {100 * res['wer']:.2f}%  SER {100 * res['ser']:.2f}%"
+                  + _skip_note(res), flush=True)
+    return epoch
+
+
+def _decode_epoch_job(job) -> int:
+    """A --jobs worker process: one thread, one epoch checkpoint."""
+    args, ck, methods = job
+    torch.set_num_threads(1)
+    return _decode_epoch(args, ck, methods)
+
+
+def run_dir_mode(args) -> int:
+    run = Path(args.run_dir)
+    (run / "eval").mkdir(parents=True, exist_ok=True)
+    done_epochs, methods = set(), None
+    while True:
+        ckpts = [ck for ck in sorted((run / "checkpoints").glob("epoch*.pt")) if _epoch_of(ck) not in done_epochs]
+        if ckpts and methods is None:                   # every epoch of a run has the same config: ask the first
+            ckpt = load_checkpoint(ckpts[0])[3]
+            _load_lm(args, ckpts[0], ckpt)              # a mismatched --lm stops here, before any decoding
+            methods = _run_dir_methods(args, ckpt)
+            if args.lm and not {"ctc_beam", "joint"} & set(methods):
+                raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam or joint only (here: {methods[0]})")
+        if args.jobs > 1 and len(ckpts) > 1:
+            import multiprocessing as mp
+            # spawn: a fresh interpreter per worker (no forked copy of this process's torch thread pools)
+            with mp.get_context("spawn").Pool(min(args.jobs, len(ckpts))) as pool:
+                # the latest epochs first: they decode longer hypotheses, so the pool ends level
+                for epoch in pool.imap_unordered(_decode_epoch_job, [(args, ck, methods) for ck in reversed(ckpts)]):
+                    done_epochs.add(epoch)
+        else:
+            for ck in ckpts:
+                done_epochs.add(_decode_epoch(args, ck, methods))
         write_summary(run, args.manifest, _label(methods[0], args.lm) if methods else "attention")
         if not args.watch or (run / "DONE").exists() and len(done_epochs) >= len(list((run / "checkpoints").glob("epoch*.pt"))):
             break

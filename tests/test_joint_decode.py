@@ -212,3 +212,35 @@ def test_run_dir_summary_leads_with_the_joint_curve(corpus):
     assert list(table) == ["test.joint", "test.ctc", "test"]          # best first; greedy references after
     assert set(table["test.joint"][0]["per_domain"]) == {"command", "open"}
     assert (run / "wer_per_epoch.png").stat().st_size > 1000
+
+
+def test_run_dir_jobs_spread_the_epochs_over_processes_with_the_serial_results(corpus):
+    """asr-eval --run-dir --jobs 2 decodes each epoch checkpoint in one of two processes; the cached results and the
+    summary are those of one process decoding them in turn (each epoch its own weights, so a mix-up would show)."""
+    from asr.checkpoint import atomic_save
+    from asr.evaluate import main
+    base = torch.load(corpus / "ctc.pt", weights_only=False)
+    results = {}
+    for jobs in (1, 2):
+        run = corpus / f"run_jobs{jobs}"
+        (run / "checkpoints").mkdir(parents=True)
+        for epoch in range(3):
+            torch.manual_seed(epoch)
+            model = {k: v + 0.3 * torch.randn_like(v) if v.is_floating_point() else v for k, v in base["model"].items()}
+            atomic_save({**base, "model": model}, run / "checkpoints" / f"epoch{epoch:03d}.pt")
+        assert main(["--run-dir", str(run), "--manifest", str(corpus / "test.jsonl"), "--method", "joint",
+                     "--beam", "2", "--threads", "1", "--jobs", str(jobs)]) == 0
+        results[jobs] = {f.name: json.loads(f.read_text()) for f in sorted((run / "eval").glob("*.json"))}
+        table = json.loads((run / "wer_per_epoch.json").read_text())
+        assert [r["epoch"] for r in table["test.joint"]] == [0, 1, 2]
+    assert list(results[1]) == [f"test.joint.epoch00{e}.json" for e in range(3)] and list(results[2]) == list(results[1])
+    for name, serial in results[1].items():
+        assert results[2][name]["epoch"] == serial["epoch"]
+        assert [h["hyp"] for h in results[2][name]["hypotheses"]] == [h["hyp"] for h in serial["hypotheses"]]
+    assert len({tuple(h["hyp"] for h in r["hypotheses"]) for r in results[1].values()}) > 1   # the epochs differ
+
+
+def test_run_dir_jobs_refuses_watch(corpus):
+    from asr.evaluate import main
+    with pytest.raises(SystemExit):
+        main(["--run-dir", str(corpus), "--manifest", str(corpus / "test.jsonl"), "--jobs", "2", "--watch"])

@@ -121,16 +121,27 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   [ -f "$corpus/test_far.jsonl" ] && manifests+=(--manifest "$corpus/test_far.jsonl")
   # Per epoch: the joint search without the LM (the best method; it cannot loop) and the CTC head's best path
   # (a millisecond per utterance). --method attention adds the decoder alone (slow while it still loops).
-  asr-eval --run-dir "$exp" "${manifests[@]}" --method joint ${eval_limit:+--limit "$eval_limit"}
-  asr-eval --run-dir "$exp" "${manifests[@]}" --method ctc ${eval_limit:+--limit "$eval_limit"} \
+  cores=$(nproc 2>/dev/null || echo 1)
+  # The epochs are spread over one process per core (--jobs): a beam search is a chain of small steps.
+  asr-eval --run-dir "$exp" "${manifests[@]}" --method joint ${eval_limit:+--limit "$eval_limit"} --jobs "$cores"
+  asr-eval --run-dir "$exp" "${manifests[@]}" --method ctc ${eval_limit:+--limit "$eval_limit"} --jobs "$cores" \
     || log "CTC best path skipped (see the message above)"
-  # The last checkpoint with the LM fused into the joint search (RUN/final_<set>.json).
+  # The last checkpoint with the LM fused into the joint search (RUN/final_<set>.json), the test sets side by
+  # side, each printing to RUN/final_<set>.log, shown when both are done.
   if [ -f "$corpus/lm/lm.pt" ]; then
+    finals=()
     for m in "$corpus/test.jsonl" "$corpus/test_far.jsonl"; do
       [ -f "$m" ] || continue
+      set_name=$(basename "$m" .jsonl); finals+=("$set_name")
       asr-eval --checkpoint "$exp/checkpoints/last.pt" --manifest "$m" --method joint --lm "$corpus/lm/lm.pt" \
-        ${lm_weight:+--lm-weight "$lm_weight"} --json "$exp/final_$(basename "$m" .jsonl).json" \
-        || log "LM decoding skipped (see the message above)"
+        ${lm_weight:+--lm-weight "$lm_weight"} --json "$exp/final_$set_name.json" --threads 1 \
+        > "$exp/final_$set_name.log" 2>&1 &
+      [ "$cores" -gt 1 ] || wait $! || true
+    done
+    wait     # every decoding above (no arguments: returns 0; a failed one has no JSON, said below)
+    for set_name in "${finals[@]}"; do
+      cat "$exp/final_$set_name.log"
+      [ -f "$exp/final_$set_name.json" ] || log "LM decoding of $set_name skipped (see the message above)"
     done
   fi
   # The mean of the last N epoch checkpoints (ESPnet's averaging), decoded the same way (RUN/final_avgN_<set>.json).
