@@ -34,7 +34,9 @@ def parse_args(argv=None):
     src.add_argument("--checkpoint", help="one checkpoint (.pt) written by asr.train")
     src.add_argument("--run-dir", help="a training run folder: evaluate every epoch's checkpoint")
     p.add_argument("--manifest", action="append", required=True, help="JSONL manifest (repeatable)")
-    p.add_argument("--json", help="--checkpoint: write WER, SER and every hypothesis here")
+    p.add_argument("--json", action="append",
+                   help="--checkpoint: write WER, SER and every hypothesis here; once per --manifest (in their order), "
+                        "or once for all (a list)")
     p.add_argument("--method", choices=METHODS, default=None,
                    help="joint: joint CTC/attention beam search with CTC prefix scores inside the search (--ctc-weight; "
                         "optional LM fusion, --lm); attention: the decoder alone (greedy or beam, optional CTC "
@@ -63,13 +65,24 @@ def parse_args(argv=None):
     p.add_argument("--watch", action="store_true", help="--run-dir: wait for new checkpoints until RUN/DONE")
     p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="torch threads")
     p.add_argument("--jobs", type=int, default=1,
-                   help="--run-dir: decode this many epoch checkpoints at once, each in its own process with one "
-                        "thread (a beam search is a chain of small steps: processes use the cores, threads do not)")
+                   help="decode this many at once, each in its own process with one thread (a beam search is a chain "
+                        "of small steps: processes use the cores, threads do not): --run-dir's epoch checkpoints, "
+                        "--tune-on's settings, and the manifests")
+    p.add_argument("--tune-on", metavar="DEV.jsonl",
+                   help="--checkpoint, --method joint: first choose the CTC weight and (with --lm) the LM weight and "
+                        "length bonus by WER on this manifest (a dev set, never a test set), then decode with them. "
+                        "A flag given explicitly (--ctc-weight, --lm-weight, --length-bonus) is kept, not tuned; "
+                        "the grid is the checkpoint's decode.tune_* (see asr.config.DecodeConfig)")
+    p.add_argument("--tune-limit", type=int, default=100, help="--tune-on: its first N utterances (default 100)")
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs must be at least 1, got {args.jobs}")
     if args.jobs > 1 and args.watch:
         p.error("--jobs decodes the checkpoints that exist; --watch waits for new ones: use one or the other")
+    if args.json and len(args.json) not in (1, len(args.manifest)):
+        p.error(f"--json: give it once, or once per --manifest ({len(args.manifest)}), not {len(args.json)} times")
+    if args.tune_on and not args.checkpoint:
+        p.error("--tune-on tunes the decoding of one --checkpoint")
     return args
 
 
@@ -230,6 +243,77 @@ def _run_dir_methods(args, ckpt) -> list[str]:
     return list(dict.fromkeys(methods))
 
 
+_LOADED: dict = {}
+
+
+def _loaded(checkpoint: str, lm_path: str | None):
+    """(model, tok, norm, ckpt, lm) of a checkpoint and an LM, loaded once per process."""
+    key = (str(checkpoint), str(lm_path))
+    if key not in _LOADED:
+        model, tok, norm, ckpt = load_checkpoint(checkpoint)
+        lm = None
+        if lm_path:
+            from .models.rnnlm import load_lm
+            lm = load_lm(lm_path)[0]
+        _LOADED[key] = (model, tok, norm, ckpt, lm)
+    return _LOADED[key]
+
+
+def _decode_job(job) -> dict:
+    """Decode one manifest with one setting: ``job`` = (checkpoint, LM path or None, manifest, limit, opts without
+    the LM object); the LM is used only when opts' lm_weight is positive."""
+    checkpoint, lm_path, manifest, limit, opts = job
+    model, tok, norm, _, lm = _loaded(checkpoint, lm_path)
+    use_lm = lm if opts.get("lm_weight", 0) > 0 else None
+    return evaluate(model, tok, norm, manifest, limit=limit, lm=use_lm, **opts)
+
+
+def _pool_init() -> None:
+    torch.set_num_threads(1)
+
+
+def _map(fn, jobs: list, n: int) -> list:
+    """``[fn(j) for j in jobs]``, in ``n`` single-thread spawned processes when n > 1 (same results, same order)."""
+    if n <= 1 or len(jobs) <= 1:
+        return [fn(j) for j in jobs]
+    import multiprocessing as mp
+    with mp.get_context("spawn").Pool(min(n, len(jobs)), initializer=_pool_init) as pool:
+        return pool.map(fn, jobs, chunksize=1)
+
+
+def tune(args, ckpt, base: dict) -> dict:
+    """Choose the joint search's CTC weight, LM weight and length bonus by WER on ``args.tune_on`` (first
+    ``args.tune_limit`` utterances): the CTC weight without the LM first (decode.tune_ctc_weights), then, with
+    --lm, LM weight x length bonus at that CTC weight; the lowest WER wins (ties: the earlier, simpler setting),
+    so the LM is used only where it helps on dev. Flags given explicitly stay fixed. Returns the record kept in
+    the result: the chosen setting and every row of the grid."""
+    dec = _decode_config(ckpt)
+    cws = [args.ctc_weight] if args.ctc_weight is not None else list(dec.tune_ctc_weights)
+    lws = [args.lm_weight] if args.lm_weight is not None else list(dec.tune_lm_weights)
+    lbs = [args.length_bonus] if args.length_bonus is not None else list(dec.tune_length_bonuses)
+    lm_path = args.lm
+
+    def run(settings):
+        jobs = [(args.checkpoint, lm_path, args.tune_on, args.tune_limit, {**base, **st}) for st in settings]
+        out = []
+        for st, r in zip(settings, _map(_decode_job, jobs, args.jobs)):
+            out.append({**st, "wer": r["wer"], "ser": r["ser"], "utterances": r["utterances"],
+                        **({"per_domain": {d: x["wer"] for d, x in r["per_domain"].items()}} if "per_domain" in r else {})})
+        return out
+
+    rows = run([{"ctc_weight": c, "lm_weight": 0.0, "length_bonus": 0.0} for c in cws])
+    if lm_path and any(w > 0 for w in lws):
+        best_c = min(rows, key=lambda r: r["wer"])["ctc_weight"]
+        rows += run([{"ctc_weight": best_c, "lm_weight": w, "length_bonus": b} for w in lws if w > 0 for b in lbs])
+    chosen = min(rows, key=lambda r: r["wer"])        # min() keeps the first of equals: the order above
+    pick = {k: chosen[k] for k in ("ctc_weight", "lm_weight", "length_bonus")}
+    lm_note = (f", LM weight {pick['lm_weight']:g}, length bonus {pick['length_bonus']:g}" if pick["lm_weight"] > 0
+               else (", no LM (it did not help on dev)" if lm_path else ""))
+    print(f"[asr-eval] tuned on {Path(args.tune_on).name} ({chosen['utterances']} utterances, {len(rows)} settings): "
+          f"CTC weight {pick['ctc_weight']:g}{lm_note}: dev WER {100 * chosen['wer']:.2f}%", flush=True)
+    return {"manifest": str(args.tune_on), "utterances": chosen["utterances"], "chosen": pick, "grid": rows}
+
+
 def _epoch_of(ck: Path) -> int:
     return int(re.findall(r"\d+", ck.stem)[0])
 
@@ -381,7 +465,29 @@ def main(argv=None) -> int:
     if args.lm and method not in ("ctc_beam", "joint"):
         raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam or joint only (the default here: {method})")
     opts = _decode_opts(args, ckpt, _load_lm(args, args.checkpoint, ckpt), method)
-    results = [evaluate(model, tok, norm, m, limit=args.limit, **opts) for m in args.manifest]
+    tuned = None
+    if args.tune_on:
+        if method != "joint":
+            raise SystemExit(f"asr-eval: --tune-on tunes --method joint (here: {method})")
+        if not Path(args.tune_on).exists():
+            raise SystemExit(f"asr-eval: --tune-on {args.tune_on}: manifest not found")
+        if Path(args.tune_on).resolve() in {Path(m).resolve() for m in args.manifest}:
+            raise SystemExit(f"asr-eval: --tune-on {args.tune_on} is also a --manifest: tune on a dev set, not on "
+                             f"the set you report")
+        tuned = tune(args, ckpt, {k: v for k, v in opts.items() if k != "lm"})
+        opts.update(tuned["chosen"])
+        if opts["lm_weight"] <= 0:
+            opts["lm"] = None
+    lm_path = args.lm if opts.get("lm") is not None and opts.get("lm_weight", 0) > 0 else None
+    jobs = [(args.checkpoint, lm_path, m, args.limit, {k: v for k, v in opts.items() if k != "lm"})
+            for m in args.manifest]
+    if len(jobs) > 1 and args.jobs > 1:
+        results = _map(_decode_job, jobs, args.jobs)
+    else:       # one process: the model loaded above, the LM as _decode_opts gave it
+        results = [evaluate(model, tok, norm, m, limit=args.limit, **opts) for m in args.manifest]
+    if tuned is not None:
+        for r in results:
+            r["tuned_on"] = tuned
     for r in results:
         print(f"{Path(r['manifest']).name}: WER {100 * r['wer']:.2f}%  SER {100 * r['ser']:.2f}%  "
               f"({r['utterances']} utterances, {_describe(r)}; {1000 * r['seconds_per_utterance']:.0f} ms per "
@@ -392,8 +498,11 @@ def main(argv=None) -> int:
             for value, x in r.get(key, {}).items():
                 print(f"  {key[4:]:7s} {value:40s} WER {100 * x['wer']:6.2f}%  SER {100 * x['ser']:6.2f}%  "
                       f"({x['utterances']} utt)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results[0] if len(results) == 1 else results, indent=1))
+    if args.json and len(args.json) == len(results):
+        for path, r in zip(args.json, results):
+            Path(path).write_text(json.dumps(r, indent=1))
+    elif args.json:
+        Path(args.json[0]).write_text(json.dumps(results, indent=1))
     return 0
 
 

@@ -244,3 +244,69 @@ def test_run_dir_jobs_refuses_watch(corpus):
     from asr.evaluate import main
     with pytest.raises(SystemExit):
         main(["--run-dir", str(corpus), "--manifest", str(corpus / "test.jsonl"), "--jobs", "2", "--watch"])
+
+
+def _random_lm(corpus):
+    """A random word-piece LM of the fixture's tokenizer (no tokenizer digest: asr-eval then checks the size only)."""
+    from asr.models.rnnlm import LMConfig, PieceLM, save_lm
+    import sentencepiece as spm
+    vocab = spm.SentencePieceProcessor(model_file=str(corpus / "tok.model")).get_piece_size()
+    torch.manual_seed(1)
+    save_lm(PieceLM(LMConfig(vocab_size=vocab, emb_dim=4, hidden=8, dropout=0.0)), corpus / "lm.pt")
+    return corpus / "lm.pt"
+
+
+def test_tune_on_dev_decodes_the_test_set_with_the_lowest_dev_wer_setting(corpus):
+    """--tune-on: the CTC weights without the LM, then LM weight x length bonus at the best CTC weight; the setting
+    with the lowest dev WER (the first of equals) decodes the test set, exactly as if given by flags. Spread over
+    two processes (--jobs 2) the grid is the one a single process computes."""
+    import shutil
+    from asr.config import DecodeConfig
+    lm = _random_lm(corpus)
+    shutil.copy(corpus / "test.jsonl", corpus / "dev.jsonl")      # dev = test's utterances: dev WER = test WER
+    grids = []
+    for jobs in ("1", "2"):
+        res = asr_eval(corpus, "--checkpoint", corpus / "ctc.pt", "--lm", lm, "--tune-on", corpus / "dev.jsonl",
+                       "--tune-limit", "6", "--beam", "2", "--jobs", jobs)
+        grids.append(res["tuned_on"]["grid"])
+    assert grids[0] == grids[1]
+    grid, dec = grids[0], DecodeConfig()
+    n = len(dec.tune_ctc_weights)
+    assert [r["ctc_weight"] for r in grid[:n]] == dec.tune_ctc_weights and all(r["lm_weight"] == 0 for r in grid[:n])
+    best_c = min(grid[:n], key=lambda r: r["wer"])["ctc_weight"]
+    assert [(r["ctc_weight"], r["lm_weight"], r["length_bonus"]) for r in grid[n:]] == \
+        [(best_c, w, b) for w in dec.tune_lm_weights for b in dec.tune_length_bonuses]
+    chosen = min(grid, key=lambda r: r["wer"])
+    assert res["tuned_on"]["chosen"] == {k: chosen[k] for k in ("ctc_weight", "lm_weight", "length_bonus")}
+    assert (res["ctc_weight"], res["lm_weight"], res["length_bonus"]) == (chosen["ctc_weight"], chosen["lm_weight"],
+                                                                          chosen["length_bonus"])
+    assert res["wer"] == chosen["wer"] and res["utterances"] == 6
+    flags = ["--ctc-weight", chosen["ctc_weight"], "--lm-weight", chosen["lm_weight"], "--length-bonus",
+             chosen["length_bonus"]] + (["--lm", lm] if chosen["lm_weight"] > 0 else [])
+    again = asr_eval(corpus, "--checkpoint", corpus / "ctc.pt", "--method", "joint", "--beam", "2", *flags)
+    assert [h["hyp"] for h in again["hypotheses"]] == [h["hyp"] for h in res["hypotheses"]]
+
+
+def test_tune_on_keeps_explicit_flags_and_refuses_the_reported_set(corpus):
+    import shutil
+    from asr.evaluate import main
+    shutil.copy(corpus / "test.jsonl", corpus / "dev.jsonl")
+    res = asr_eval(corpus, "--checkpoint", corpus / "ctc.pt", "--tune-on", corpus / "dev.jsonl", "--beam", "2",
+                   "--ctc-weight", "0.5")
+    assert [r["ctc_weight"] for r in res["tuned_on"]["grid"]] == [0.5] and res["lm_weight"] == 0    # no --lm
+    with pytest.raises(SystemExit, match="also a --manifest"):
+        asr_eval(corpus, "--checkpoint", corpus / "ctc.pt", "--tune-on", corpus / "test.jsonl")
+    with pytest.raises(SystemExit, match="--method joint"):
+        asr_eval(corpus, "--checkpoint", corpus / "ctc.pt", "--tune-on", corpus / "dev.jsonl", "--method", "ctc")
+    with pytest.raises(SystemExit):    # argparse: --tune-on needs --checkpoint
+        main(["--run-dir", str(corpus), "--manifest", str(corpus / "test.jsonl"), "--tune-on", str(corpus / "dev.jsonl")])
+
+
+def test_json_once_per_manifest(corpus):
+    from asr.evaluate import main
+    outs = [corpus / "a.json", corpus / "b.json"]
+    assert main(["--checkpoint", str(corpus / "ctc.pt"), "--manifest", str(corpus / "test.jsonl"), "--manifest",
+                 str(corpus / "old.jsonl"), "--json", str(outs[0]), "--json", str(outs[1]), "--method", "ctc",
+                 "--threads", "1", "--jobs", "2"]) == 0
+    a, b = (json.loads(o.read_text()) for o in outs)
+    assert a["manifest"].endswith("test.jsonl") and b["manifest"].endswith("old.jsonl") and a["wer"] == b["wer"]

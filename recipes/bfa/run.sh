@@ -126,23 +126,18 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   asr-eval --run-dir "$exp" "${manifests[@]}" --method joint ${eval_limit:+--limit "$eval_limit"} --jobs "$cores"
   asr-eval --run-dir "$exp" "${manifests[@]}" --method ctc ${eval_limit:+--limit "$eval_limit"} --jobs "$cores" \
     || log "CTC best path skipped (see the message above)"
-  # The last checkpoint with the LM fused into the joint search (RUN/final_<set>.json), the test sets side by
-  # side, each printing to RUN/final_<set>.log, shown when both are done.
+  # The last checkpoint with the LM fused into the joint search (RUN/final_<set>.json): the CTC weight, LM weight
+  # and length bonus chosen by WER on the first 100 dev utterances (--tune-on; the LM only if it helps there;
+  # --lm-weight W fixes the LM weight), then both test sets decoded with them, side by side.
   if [ -f "$corpus/lm/lm.pt" ]; then
-    finals=()
+    finals=(); jsons=()
     for m in "$corpus/test.jsonl" "$corpus/test_far.jsonl"; do
       [ -f "$m" ] || continue
-      set_name=$(basename "$m" .jsonl); finals+=("$set_name")
-      asr-eval --checkpoint "$exp/checkpoints/last.pt" --manifest "$m" --method joint --lm "$corpus/lm/lm.pt" \
-        ${lm_weight:+--lm-weight "$lm_weight"} --json "$exp/final_$set_name.json" --threads 1 \
-        > "$exp/final_$set_name.log" 2>&1 &
-      [ "$cores" -gt 1 ] || wait $! || true
+      finals+=(--manifest "$m"); jsons+=(--json "$exp/final_$(basename "$m" .jsonl).json")
     done
-    wait     # every decoding above (no arguments: returns 0; a failed one has no JSON, said below)
-    for set_name in "${finals[@]}"; do
-      cat "$exp/final_$set_name.log"
-      [ -f "$exp/final_$set_name.json" ] || log "LM decoding of $set_name skipped (see the message above)"
-    done
+    asr-eval --checkpoint "$exp/checkpoints/last.pt" "${finals[@]}" "${jsons[@]}" --method joint \
+      --lm "$corpus/lm/lm.pt" ${lm_weight:+--lm-weight "$lm_weight"} --tune-on "$corpus/dev.jsonl" --jobs "$cores" \
+      || log "LM decoding skipped (see the message above)"
   fi
   # The mean of the last N epoch checkpoints (ESPnet's averaging), decoded the same way (RUN/final_avgN_<set>.json).
   if [ "$average" -gt 0 ] && python -m asr.average --run-dir "$exp" --last "$average"; then
