@@ -344,10 +344,8 @@ def _decode_epoch(args, ck: Path, methods: list[str]) -> int:
 
 
 def _decode_epoch_job(job) -> int:
-    """A --jobs worker process: one thread, one epoch checkpoint."""
-    args, ck, methods = job
-    torch.set_num_threads(1)
-    return _decode_epoch(args, ck, methods)
+    """A --jobs worker process (one thread, see _pool_init): one epoch checkpoint."""
+    return _decode_epoch(*job)
 
 
 def run_dir_mode(args) -> int:
@@ -365,7 +363,7 @@ def run_dir_mode(args) -> int:
         if args.jobs > 1 and len(ckpts) > 1:
             import multiprocessing as mp
             # spawn: a fresh interpreter per worker (no forked copy of this process's torch thread pools)
-            with mp.get_context("spawn").Pool(min(args.jobs, len(ckpts))) as pool:
+            with mp.get_context("spawn").Pool(min(args.jobs, len(ckpts)), initializer=_pool_init) as pool:
                 # the latest epochs first: they decode longer hypotheses, so the pool ends level
                 for epoch in pool.imap_unordered(_decode_epoch_job, [(args, ck, methods) for ck in reversed(ckpts)]):
                     done_epochs.add(epoch)
