@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import multiprocessing as mp
 import os
 import sys
 from pathlib import Path
@@ -26,16 +25,12 @@ def floats(text: str) -> list[float]:
 
 
 def decode(job):
-    import torch
-    from asr.evaluate import evaluate, load_checkpoint
-    from asr.models.rnnlm import load_lm
+    """One setting on the manifest, through asr-eval's own worker (the checkpoint and LM loaded once per process)."""
+    from asr.evaluate import _decode_job
     args, (cw, lw, lb) = job
-    torch.set_num_threads(1)
-    model, tok, norm, ckpt = load_checkpoint(args.checkpoint)
-    lm = load_lm(args.lm)[0] if lw > 0 else None
-    res = evaluate(model, tok, norm, args.manifest, limit=args.limit, desc=f"cw {cw} lw {lw} lb {lb}",
-                   method="joint", beam=args.beam, ctc_weight=cw, lm=lm, lm_weight=lw, length_bonus=lb,
-                   max_ratio=1.0)
+    res = _decode_job((args.checkpoint, args.lm, args.manifest, args.limit,
+                       dict(method="joint", beam=args.beam, ctc_weight=cw, lm_weight=lw, length_bonus=lb,
+                            max_ratio=1.0, desc=f"cw {cw} lw {lw} lb {lb}")))
     return {"ctc_weight": cw, "lm_weight": lw, "length_bonus": lb, "wer": res["wer"], "ser": res["ser"],
             "per_domain": {d: x["wer"] for d, x in res.get("per_domain", {}).items()},
             "seconds_per_utterance": res["seconds_per_utterance"]}
@@ -57,8 +52,8 @@ def main() -> int:
     # without the LM the length bonus is not used by asr-eval (0): one setting per CTC weight
     grid = sorted({(cw, lw, lb if lw > 0 else 0.0)
                    for cw, lw, lb in itertools.product(args.ctc_weights, args.lm_weights, args.length_bonuses)})
-    with mp.get_context("spawn").Pool(args.jobs) as pool:
-        rows = pool.map(decode, [(args, g) for g in grid], chunksize=1)
+    from asr.evaluate import _map
+    rows = _map(decode, [(args, g) for g in grid], args.jobs)     # single-thread spawned processes
     rows.sort(key=lambda r: r["wer"])
     print(f"{'ctc w':>6} {'LM w':>5} {'bonus':>5} {'WER %':>6}  per domain")
     for r in rows:
