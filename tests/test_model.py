@@ -82,6 +82,13 @@ def test_bad_config_is_refused():
         tiny(pool_after=[5])
 
 
+def test_features_of_the_wrong_width_are_refused_not_crashed_on():
+    model = tiny(frame_stack=2, pool_after=[0])
+    feats, flen, _, _ = batch()
+    with pytest.raises(ValueError, match=r"expected features \[batch, frames, 40\].*got \[2, 23, 80\]"):
+        model.encode(torch.cat([feats, feats], dim=-1), flen)
+
+
 @pytest.mark.parametrize("stack,pools", [(1, [0, 1]), (4, [0]), (3, [])])
 def test_fused_padded_bilstm_equals_the_packed_path(stack, pools):
     """Issue 15: padded batches on the fused LSTM kernel, the backward direction reversed within each
@@ -101,6 +108,30 @@ def test_fused_padded_bilstm_equals_the_packed_path(stack, pools):
         assert torch.allclose(g0[n], g1[n], atol=1e-5, rtol=1e-4), (n, float((g0[n] - g1[n]).abs().max()))
     valid = torch.arange(e1.shape[1])[None, :] < l1[:, None]
     assert float(e1[~valid].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("attention,layers", [("location", 1), ("location", 2), ("additive", 1)])
+def test_teacher_forcing_equals_step_by_step_decoding(attention, layers):
+    """Decoder.forward hoists the embedding, the top dropout and the output layer out of its loop and folds the
+    location filter into one matrix; its logits must be those of step() called once per token."""
+    model = tiny(frame_stack=2, pool_after=[0], attention=attention, dec_layers=layers, loc_kernel=5)
+    feats, flen, tokens, tlen = batch(lengths=(37, 12, 29), n_tokens=(4, 2, 3))
+    enc, elen = model.encode(feats, flen)
+    targets_in = torch.cat([torch.full((3, 1), model.config.eos), tokens.clamp(min=0)], dim=1)
+    forced = model.decoder(enc, elen, targets_in)
+    state, steps = model.decoder.init_state(enc, elen), []
+    for t in range(targets_in.shape[1]):
+        logits, state = model.decoder.step(state, targets_in[:, t])
+        steps.append(logits)
+    torch.testing.assert_close(forced, torch.stack(steps, dim=1), atol=1e-6, rtol=1e-5)
+
+
+def test_location_matrix_equals_the_filter_then_the_projection():
+    att = tiny(loc_kernel=7, loc_channels=3, att_dim=5).decoder.attention
+    prev = torch.softmax(torch.randn(2, 11), dim=-1)
+    conv_then_proj = att.loc_proj(att.loc_conv(prev.unsqueeze(1)).transpose(1, 2))
+    windows = torch.nn.functional.pad(prev, (3, 3)).unfold(1, 7, 1)
+    torch.testing.assert_close(windows @ att.location_matrix(), conv_then_proj, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])

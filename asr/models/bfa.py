@@ -100,8 +100,13 @@ class Encoder(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
         self.out_dim = dim
         self.fused = c.fused_lstm
+        self.feat_dim = c.feat_dim
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor):
+        if x.dim() != 3 or x.shape[-1] != self.feat_dim:
+            # Checked here: the fused CPU LSTM kernel does not check its input width and crashes the process.
+            raise ValueError(f"BFA encoder: expected features [batch, frames, {self.feat_dim}] (model.feat_dim), got "
+                             f"{list(x.shape)}; were the features made with other settings than the model's?")
         if self.stack > 1:
             B, T, D = x.shape
             pad = (-T) % self.stack
@@ -146,12 +151,21 @@ class Attention(nn.Module):
         elif c.attention != "additive":
             raise ValueError(f"attention must be 'additive' or 'location', got {c.attention!r}")
 
-    def forward(self, enc_keys, enc, mask, query, prev_weights):
-        """enc_keys: projected encoder [B,T,A]; mask: [B,T] True on valid frames; query: [B,H]."""
+    def location_matrix(self) -> torch.Tensor:
+        """The location filter and its projection as one [kernel, att_dim] matrix: both are linear and bias-free,
+        so conv-then-project equals one matmul of each frame's window of the previous weights with this matrix.
+        Teacher forcing builds it once per batch instead of running a conv and a linear at every output step."""
+        return (self.loc_proj.weight @ self.loc_conv.weight.squeeze(1)).t()
+
+    def forward(self, enc_keys, enc, mask, query, prev_weights, loc_matrix=None):
+        """enc_keys: projected encoder [B,T,A]; mask: [B,T] True on valid frames; query: [B,H]; loc_matrix: this
+        module's location_matrix() when the caller has it (else it is built here)."""
         e = enc_keys + self.dec_proj(query).unsqueeze(1)
         if self.location:
-            loc = self.loc_conv(prev_weights.unsqueeze(1)).transpose(1, 2)
-            e = e + self.loc_proj(loc)
+            m = self.location_matrix() if loc_matrix is None else loc_matrix
+            half = m.shape[0] // 2
+            windows = F.pad(prev_weights, (half, half)).unfold(1, m.shape[0], 1)     # [B, T, kernel]
+            e = e + windows @ m
         scores = self.v(torch.tanh(e)).squeeze(-1).masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
         context = torch.bmm(weights.unsqueeze(1), enc).squeeze(1)
@@ -180,27 +194,36 @@ class Decoder(nn.Module):
         return {"keys": self.attention.enc_proj(enc), "enc": enc, "mask": mask, "hidden": hidden,
                 "weights": weights, "context": context}
 
-    def step(self, state, prev_tokens):
-        """One decoder step: returns logits [B, V+1] and the new state (the old one is not modified)."""
-        x = torch.cat([self.embed(prev_tokens), state["context"]], dim=-1)
+    def _advance(self, state, emb, loc_matrix=None):
+        """The recurrent part of one step (cells, attention) from the previous token's embedding: returns the top
+        cell's output before dropout and the new state (the old one is not modified)."""
+        x = torch.cat([emb, state["context"]], dim=-1)
         hidden = []
         for i, cell in enumerate(self.cells):
             h, c = cell(x, state["hidden"][i])
             hidden.append((h, c))
-            x = self.dropout(h)
-        context, weights = self.attention(state["keys"], state["enc"], state["mask"], hidden[-1][0], state["weights"])
-        logits = self.out(torch.cat([x, context], dim=-1))
-        new = dict(state, hidden=hidden, context=context, weights=weights)
-        return logits, new
+            x = self.dropout(h) if i + 1 < len(self.cells) else h
+        context, weights = self.attention(state["keys"], state["enc"], state["mask"], x, state["weights"], loc_matrix)
+        return x, dict(state, hidden=hidden, context=context, weights=weights)
+
+    def step(self, state, prev_tokens):
+        """One decoder step: returns logits [B, V+1] and the new state (the old one is not modified)."""
+        h, new = self._advance(state, self.embed(prev_tokens))
+        return self.out(torch.cat([self.dropout(h), new["context"]], dim=-1)), new
 
     def forward(self, enc, enc_lengths, targets_in):
-        """Teacher forcing: targets_in [B, L] starts with eos (the start symbol)."""
+        """Teacher forcing: targets_in [B, L] starts with eos (the start symbol). The same arithmetic as L calls of
+        step(), with what does not feed back into the recurrence (the embedding lookup, the top dropout and the
+        output layer) done once for all L steps."""
         state = self.init_state(enc, enc_lengths)
-        outs = []
+        emb = self.embed(targets_in)
+        loc_matrix = self.attention.location_matrix() if self.attention.location else None
+        tops, contexts = [], []
         for t in range(targets_in.shape[1]):
-            logits, state = self.step(state, targets_in[:, t])
-            outs.append(logits)
-        return torch.stack(outs, dim=1)
+            h, state = self._advance(state, emb[:, t], loc_matrix)
+            tops.append(h)
+            contexts.append(state["context"])
+        return self.out(torch.cat([self.dropout(torch.stack(tops, dim=1)), torch.stack(contexts, dim=1)], dim=-1))
 
 
 class BFA(nn.Module):
