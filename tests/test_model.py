@@ -75,6 +75,23 @@ def test_ctc_greedy_merges_repeats_and_drops_blanks():
     assert ctc_greedy(model, torch.zeros(1, len(path), 40), torch.tensor([len(path)])) == [[3, 3, 5]]
 
 
+def test_residual_encoder_adds_each_later_layer_input_to_its_output():
+    plain = tiny(frame_stack=2, pool_after=[], enc_layers=3)
+    res = tiny(frame_stack=2, pool_after=[], enc_layers=3, residual=True)
+    res.load_state_dict(plain.state_dict())
+    feats, flen, _, _ = batch()
+    x = torch.cat([feats, feats.new_zeros(2, 1, 40)], dim=1).reshape(2, 12, 80)   # 2 frames stacked (23 -> 24)
+    lengths = (flen + 1) // 2
+    from asr.models.bfa import bilstm_padded, reversal_index
+    order = reversal_index(lengths, 12)
+    h0 = bilstm_padded(res.encoder.layers[0], x, order, lengths)          # the first layer: no residual
+    h1 = h0 + bilstm_padded(res.encoder.layers[1], h0, order, lengths)
+    h2 = h1 + bilstm_padded(res.encoder.layers[2], h1, order, lengths)
+    enc, _ = res.encode(feats, flen)
+    torch.testing.assert_close(enc, h2)
+    assert not torch.allclose(enc, plain.encode(feats, flen)[0])
+
+
 def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="frame_stack"):
         tiny(frame_stack=0)
@@ -89,14 +106,14 @@ def test_features_of_the_wrong_width_are_refused_not_crashed_on():
         model.encode(torch.cat([feats, feats], dim=-1), flen)
 
 
-@pytest.mark.parametrize("stack,pools", [(1, [0, 1]), (4, [0]), (3, [])])
-def test_fused_padded_bilstm_equals_the_packed_path(stack, pools):
+@pytest.mark.parametrize("stack,pools,residual", [(1, [0, 1], False), (4, [0], False), (3, [], False), (4, [0], True)])
+def test_fused_padded_bilstm_equals_the_packed_path(stack, pools, residual):
     """Issue 15: padded batches on the fused LSTM kernel, the backward direction reversed within each
     sequence's length, give the packed path's outputs and gradients (to rounding), padding zeroed."""
     feats, flen, tokens, tlen = batch(lengths=(37, 12, 29), n_tokens=(4, 2, 3))
     results = {}
     for fused in (False, True):
-        model = tiny(frame_stack=stack, pool_after=pools, fused_lstm=fused).train()
+        model = tiny(frame_stack=stack, pool_after=pools, fused_lstm=fused, residual=residual).train()
         enc, enc_len = model.encode(feats, flen)
         loss, _ = model(feats, flen, tokens, tlen)
         loss.backward()

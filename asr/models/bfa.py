@@ -29,6 +29,7 @@ class BFAConfig:
     feat_dim: int = N_MELS                # the front end's default mel bands
     enc_hidden: int = 256                 # per direction
     enc_layers: int = 4
+    residual: bool = False                # encoder layers after the first add their input to their output
     pool_after: list = field(default_factory=lambda: [0, 1])   # max-pool x2 after these encoder layers
     frame_stack: int = 1                  # stack k frames into one before the first layer (x k reduction)
     dec_hidden: int = 256
@@ -101,6 +102,7 @@ class Encoder(nn.Module):
         self.out_dim = dim
         self.fused = c.fused_lstm
         self.feat_dim = c.feat_dim
+        self.residual = c.residual
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor):
         if x.dim() != 3 or x.shape[-1] != self.feat_dim:
@@ -116,13 +118,14 @@ class Encoder(nn.Module):
             lengths = (lengths + self.stack - 1) // self.stack
         order = reversal_index(lengths, x.shape[1]) if self.fused else None
         for i, lstm in enumerate(self.layers):
+            inp = x
             if self.fused:
                 x = bilstm_padded(lstm, x, order, lengths)
             else:
                 packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
                 x, _ = lstm(packed)
-                x, _ = pad_packed_sequence(x, batch_first=True)
-            x = self.dropout(x)
+                x, _ = pad_packed_sequence(x, batch_first=True, total_length=inp.shape[1])
+            x = self.dropout(x) + (inp if self.residual and i > 0 else 0)
             if i in self.pool_after:
                 if x.shape[1] % 2:
                     x = F.pad(x, (0, 0, 0, 1))
