@@ -12,8 +12,8 @@
 #            best path, one process per core), JSON and a plot; the last epoch again with the LM fused into the
 #            joint search, its weights chosen on 100 dev utterances (the LM only if it helps there)
 # 811 s in all on 2 cores with 7 training minutes (2026-12-02); 892 s with 7.5 (2026-12-03), too close to 15
-# minutes on a host whose speed moves by 20%, so 7 again. With cpu-small's 5 residual layers (2026-12-03) the
-# demo's training at 7.5 minutes ended at 62.5% clean (79.5% with 3 layers).
+# minutes on a host whose speed moves by 20%, so 7 again. With cpu-small's 5 residual layers: 828 s and 60.5%
+# clean (2026-12-03).
 # Extra arguments go to recipes/bfa/run.sh as options (e.g. --stage 2); DEMO_MINUTES=15 trains longer (the
 # training budget; cpu-small's learning rate follows a cosine to the budget's end).
 set -euo pipefail
