@@ -23,4 +23,8 @@ T0=$(date +%s)
 bash recipes/bfa/run.sh --conf recipes/bfa/conf/cpu-small.yaml --size small --limit 2500 --vocab 300 \
   --workers 2 --exp exp/demo --lm-extra 20000 --lm-minutes 2 --room-epochs 12 --eval-limit 100 "$@" -- \
   train.max_minutes="${DEMO_MINUTES:-7}" decode.beam=1 data.dev_subset=100
-echo "[demo] finished in $(( $(date +%s) - T0 )) s: exp/demo/train_log.jsonl, exp/demo/wer_per_epoch.{json,png}"
+if [ -f exp/demo/wer_per_epoch.json ] && [ "$(stat -c %Y exp/demo/wer_per_epoch.json)" -ge "$T0" ]; then
+  echo "[demo] finished in $(( $(date +%s) - T0 )) s: exp/demo/train_log.jsonl, exp/demo/wer_per_epoch.{json,png}"
+else   # stopped before stage 3 (e.g. --stop-stage 1): no new results to point at
+  echo "[demo] finished in $(( $(date +%s) - T0 )) s (stopped before stage 3: no new WER results)"
+fi
