@@ -125,7 +125,9 @@ class Encoder(nn.Module):
                 packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
                 x, _ = lstm(packed)
                 x, _ = pad_packed_sequence(x, batch_first=True, total_length=inp.shape[1])
-            x = self.dropout(x) + (inp if self.residual and i > 0 else 0)
+            x = self.dropout(x)
+            if self.residual and i > 0:
+                x = x + inp
             if i in self.pool_after:
                 if x.shape[1] % 2:
                     x = F.pad(x, (0, 0, 0, 1))
