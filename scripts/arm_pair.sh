@@ -2,7 +2,8 @@
 # Experiment: arms of the BFA recipe that differ only in config overrides, one after the other, each with the same
 # budget of optimizer steps (train.max_steps; the cosine runs to that step), on one corpus. Each arm is scored by
 # the joint search without LM on the clean test set, on 400 random training utterances (does the model fit what
-# it trained on?) and by CTC best path on the test set.
+# it trained on?) and on the far-field test set where the corpus has one (asr-prep far), and by CTC best path on
+# the test set.
 #   [CORPUS_ARGS='--size small --train 20000 --vocab 300' CORPUS=exp/corpus_small_train20000_seed0] STEPS=4000 bash scripts/arm_pair.sh NAME 'OVERRIDES' [NAME 'OVERRIDES' ...]
 # e.g. STEPS=4000 bash scripts/arm_pair.sh l3 '' l5 'model.enc_layers=5'
 # Runs go to exp/arm_NAME (logs exp/arm_NAME.log); a summary line per arm is printed at the end.
@@ -33,11 +34,15 @@ while [ $# -gt 0 ]; do
   asr-eval --checkpoint "$exp/checkpoints/last.pt" --manifest "$corpus/test.jsonl" \
     --manifest "$corpus/train_sample400.jsonl" --json "$exp/test_joint.json" --json "$exp/train400_joint.json" \
     --method joint --jobs "$(nproc)" > "$exp.eval.log" 2>&1
+  if [ -f "$corpus/test_far.jsonl" ]; then
+    asr-eval --checkpoint "$exp/checkpoints/last.pt" --manifest "$corpus/test_far.jsonl" --json "$exp/far_joint.json" \
+      --method joint --jobs "$(nproc)" >> "$exp.eval.log" 2>&1
+  fi
   asr-eval --checkpoint "$exp/checkpoints/last.pt" --manifest "$corpus/test.jsonl" --json "$exp/test_ctc.json" \
     --method ctc >> "$exp.eval.log" 2>&1
 done
 python - "${names[@]}" <<'PY'
-import json, sys
+import json, os, sys
 for name in sys.argv[1:]:
     e = f"exp/arm_{name}"
     recs = [json.loads(l) for l in open(f"{e}/train_log.jsonl")]
@@ -45,11 +50,12 @@ for name in sys.argv[1:]:
     cores = next(r for r in recs if r["event"] == "start")["cores"]
     train_s = sum(r["train_s"] for r in ep)
     j = {k: json.load(open(f"{e}/{k}.json")) for k in ("test_joint", "train400_joint", "test_ctc")}
+    far = json.load(open(f"{e}/far_joint.json")) if os.path.exists(f"{e}/far_joint.json") else None
     dom = lambda d, k: 100 * d["per_domain"][k]["wer"]
     print(f"[{name}] steps {ep[-1]['step']}, {train_s / 60:.1f} train min ({1000 * train_s / ep[-1]['step']:.0f} ms/step), "
           f"audio s per core-s {sum(r['audio_s'] for r in ep) / train_s / cores:.1f}, loss {ep[-1]['train_loss']:.3f}, "
           f"dev CTC {100 * ep[-1]['dev_wer_ctc']:.1f}% | test joint {100 * j['test_joint']['wer']:.1f}% "
           f"(commands {dom(j['test_joint'], 'command'):.1f}, open {dom(j['test_joint'], 'open'):.1f}), "
-          f"CTC {100 * j['test_ctc']['wer']:.1f}% | train400 joint {100 * j['train400_joint']['wer']:.1f}% "
+          + (f"far-field joint {100 * far['wer']:.1f}%, " if far else "") + f"CTC {100 * j['test_ctc']['wer']:.1f}% | train400 joint {100 * j['train400_joint']['wer']:.1f}% "
           f"(commands {dom(j['train400_joint'], 'command'):.1f}, open {dom(j['train400_joint'], 'open'):.1f})")
 PY
