@@ -6,6 +6,8 @@
 # the test set.
 #   [CORPUS_ARGS='--size small --train 20000 --vocab 300' CORPUS=exp/corpus_small_train20000_seed0] STEPS=4000 bash scripts/arm_pair.sh NAME 'OVERRIDES' [NAME 'OVERRIDES' ...]
 # e.g. STEPS=4000 bash scripts/arm_pair.sh l3 '' l5 'model.enc_layers=5'
+# MINUTES=7 instead of STEPS gives each arm the same training time (train.max_minutes; the cosine runs to the
+# budget's end), for changes that alter the cost of a step.
 # Runs go to exp/arm_NAME (logs exp/arm_NAME.log); a summary line per arm is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +15,8 @@ cd "$(dirname "$0")/.."
 corpus_args=${CORPUS_ARGS:---size small --train 20000 --vocab 300}
 corpus=${CORPUS:-exp/corpus_small_train20000_seed0}
 steps=${STEPS:-4000}
+minutes=${MINUTES:-}
+if [ -n "$minutes" ]; then budget="train.max_minutes=$minutes"; else budget="train.max_steps=$steps train.max_minutes=0"; fi
 export PATH=$PWD/.venv/bin:$PATH
 [ $# -ge 2 ] && [ $(( $# % 2 )) -eq 0 ] || { echo "usage: STEPS=N CORPUS=DIR $0 NAME 'OVERRIDES' [NAME 'OVERRIDES' ...]" >&2; exit 2; }
 [ -f "$corpus/train.jsonl" ] || { echo "no corpus at $corpus (run.sh stages 0-1 make one)" >&2; exit 2; }
@@ -30,7 +34,7 @@ while [ $# -gt 0 ]; do
   rm -rf "$exp"
   # shellcheck disable=SC2086
   recipes/bfa/run.sh --stage 2 --stop-stage 2 $corpus_args --exp "$exp" -- \
-    $over train.max_steps=$steps train.max_minutes=0 data.dev_subset=100 > "$exp.log" 2>&1
+    $over $budget data.dev_subset=100 > "$exp.log" 2>&1
   asr-eval --checkpoint "$exp/checkpoints/last.pt" --manifest "$corpus/test.jsonl" \
     --manifest "$corpus/train_sample400.jsonl" --json "$exp/test_joint.json" --json "$exp/train400_joint.json" \
     --method joint --jobs "$(nproc)" > "$exp.eval.log" 2>&1

@@ -5,8 +5,8 @@
 #   stage 1  sentencepiece word pieces, feature statistics, the simulated rooms of the first 12 epochs (built on
 #            both cores now rather than by the loader workers while the trainers wait), and a word-piece LSTM LM
 #            on text only (at most 2 min)
-#   stage 2  horovodrun with 2 workers, cpu-small model, Global-QSGD 8-bit compression + Pipe-SGD
-#            pipelining, VTLP, speed perturbation and the room simulator on CPU loader workers (from epoch 1),
+#   stage 2  horovodrun with 2 workers, cpu-small model, Global-QSGD 8-bit compression (not pipelined: on one
+#            2-core host there is little communication to hide; train.pipeline=true turns it on), VTLP, speed perturbation and the room simulator on CPU loader workers (from epoch 1),
 #            7 minutes; CTC dev WER after every epoch
 #   stage 3  WER of every epoch on the clean and far-field test sets (joint CTC/attention search and CTC
 #            best path, one process per core), JSON and a plot; the last epoch again with the LM fused into the
