@@ -50,29 +50,31 @@ def main() -> None:
     random.Random(0).shuffle(batches)
     batches = batches[:args.batches + 3]
     torch.manual_seed(0)
-    model = BFA(dataclasses.replace(cfg.model, vocab_size=sp.get_piece_size(), feat_dim=40))
+    model = BFA(dataclasses.replace(cfg.model, vocab_size=sp.get_piece_size()))
+    dim = model.config.feat_dim
     model.train()
     opt = torch.optim.Adam(model.parameters(), 1e-4)
     results = {}
     for name, dtype in [("fp32", None)] + ([("bf16", torch.bfloat16)] if args.bf16 else []):
         full, enc, shapes = [], [], []
+        amp = lambda: torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None)
         for k, b in enumerate(batches):
             ids = [sp.encode(recs[i]["text"]) for i in b]
             flen = torch.tensor([int(durs[i] * 100) for i in b])
-            feats = torch.randn(len(b), int(flen.max()), 40)
+            feats = torch.randn(len(b), int(flen.max()), dim)
             toks = torch.full((len(b), max(map(len, ids))), -1)
             for j, t in enumerate(ids):
                 toks[j, :len(t)] = torch.tensor(t)
             tlen = torch.tensor([len(t) for t in ids])
             t0 = time.perf_counter()
             opt.zero_grad()
-            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            with amp():
                 loss, _ = model(feats, flen, toks, tlen)
             loss.backward()
             opt.step()
             t1 = time.perf_counter()
             model.zero_grad()
-            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            with amp():
                 out, _ = model.encode(feats, flen)
             out.float().sum().backward()
             t2 = time.perf_counter()
