@@ -15,8 +15,7 @@ word pieces; one thread) and times the steps of each mode, one mode after the ot
   flat_none  every gradient copied into one flat tensor after backward, one hx reduction of it, no compression
   flat_q8    the same with Global-QSGD 8-bit
 Also the CPU milliseconds per step of each of rank 0's threads (main, the hx driver; Horovod's and Gloo's show
-as python.TID). Prints a table on
-rank 0 and writes JSON.
+as python.TID). Prints a table on rank 0 and writes JSON.
 """
 from __future__ import annotations
 
@@ -26,16 +25,18 @@ import glob
 import json
 import os
 import time
+import threading
 from pathlib import Path
 
 import torch
+
+from step_cost_split import synthetic_batch     # scripts/ is on sys.path when this file runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def thread_cpu() -> dict:
     """CPU seconds so far of each of this process's threads, by thread name."""
-    import threading
     hz = os.sysconf("SC_CLK_TCK")
     names = {t.native_id: t.name for t in threading.enumerate()}
     out = {}
@@ -86,15 +87,7 @@ def main() -> None:
     n_elem = sum(p.numel() for p in params)
 
     def batch(k):
-        b = batches[k % len(batches)]
-        ids = [sp.encode(recs[i]["text"]) for i in b]
-        flen = torch.tensor([int(durs[i] * 100) for i in b])
-        g = torch.Generator().manual_seed(k)
-        feats = torch.randn(len(b), int(flen.max()), dim, generator=g)
-        toks = torch.full((len(b), max(map(len, ids))), -1)
-        for j, t in enumerate(ids):
-            toks[j, :len(t)] = torch.tensor(t)
-        return feats, flen, toks, torch.tensor([len(t) for t in ids])
+        return synthetic_batch(batches[k % len(batches)], recs, sp, dim, torch.Generator().manual_seed(k))
 
     results = {}
     for mode in args.modes.split(","):
@@ -148,7 +141,7 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         cpu1 = thread_cpu()
         hvd.allreduce(torch.zeros(1), name=f"barrier2.{mode}")
-        per = sorted(times[args.warmup:])
+        per = times[args.warmup:]
         ms = torch.tensor(1000 * sum(per) / len(per))
         ms = float(hvd.allreduce(ms, op=hvd.Average, name=f"ms.{mode}"))
         cpu = {k: 1000 * (cpu1.get(k, 0) - cpu0.get(k, 0)) / args.steps for k in cpu1}

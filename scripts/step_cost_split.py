@@ -25,6 +25,18 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def synthetic_batch(b, recs, sp, dim: int, generator=None):
+    """The model's inputs for utterances ``b`` of ``recs``: random features of each one's length (100 frames
+    per second), its real word pieces (-1 padded); (feats, flen, toks, tlen)."""
+    ids = [sp.encode(recs[i]["text"]) for i in b]
+    flen = torch.tensor([int(recs[i]["duration"] * 100) for i in b])
+    feats = torch.randn(len(b), int(flen.max()), dim, generator=generator)
+    toks = torch.full((len(b), max(map(len, ids))), -1)
+    for j, t in enumerate(ids):
+        toks[j, :len(t)] = torch.tensor(t)
+    return feats, flen, toks, torch.tensor([len(t) for t in ids])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", required=True, help="a corpus folder (train.jsonl, tokenizer/*.model)")
@@ -59,13 +71,7 @@ def main() -> None:
         full, enc, shapes = [], [], []
         amp = lambda: torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None)
         for k, b in enumerate(batches):
-            ids = [sp.encode(recs[i]["text"]) for i in b]
-            flen = torch.tensor([int(durs[i] * 100) for i in b])
-            feats = torch.randn(len(b), int(flen.max()), dim)
-            toks = torch.full((len(b), max(map(len, ids))), -1)
-            for j, t in enumerate(ids):
-                toks[j, :len(t)] = torch.tensor(t)
-            tlen = torch.tensor([len(t) for t in ids])
+            feats, flen, toks, tlen = synthetic_batch(b, recs, sp, dim)
             t0 = time.perf_counter()
             opt.zero_grad()
             with amp():
