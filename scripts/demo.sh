@@ -17,6 +17,9 @@
 # minutes on a host whose speed moves by 20%, so 7 again. With cpu-small's 5 residual layers: 828 s and 60.5%
 # clean (2026-12-03). Not pipelined: stages 2-3 in 555 s, 57.5% clean (2026-12-03). With 40 s of audio per
 # worker per step (cpu-small since 2026-12-03): stages 2-3 in 536 s, 57.4% clean, 70.9% far-field.
+# 300 word pieces, where the 60-minute benchmark takes 1,000: on these 2,500 utterances 1,000 pieces gained CTC
+# and far-field WER but not the clean joint search (62.7 / 57.0% against 59.1 / 57.8%, two 7-minute pairs,
+# RESULTS.md 2026-12-03).
 # Extra arguments go to recipes/bfa/run.sh as options (e.g. --stage 2); DEMO_MINUTES=15 trains longer (the
 # training budget; cpu-small's learning rate follows a cosine to the budget's end).
 set -euo pipefail
