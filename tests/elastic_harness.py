@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,10 +84,31 @@ class ElasticJob:
         try:
             rc = self.proc.wait(timeout=max(timeout - (time.time() - self.started), 1))
         except subprocess.TimeoutExpired:
+            stacks = self.stacks()
             self.stop()
-            raise AssertionError(f"elastic job timed out after {timeout} s\n{self.output()[-6000:]}")
+            raise AssertionError(f"elastic job timed out after {timeout} s\n{self.output()[-6000:]}\n{stacks}")
         self._out.close()
         return rc, self.output()
+
+    def stacks(self) -> str:
+        """Where each of the job's Python processes is (``py-spy dump``, Python and native frames), for
+        the message of a job that hangs; empty where py-spy is not installed."""
+        spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+        if not spy:
+            return ""
+        out = []
+        root = psutil.Process(self.proc.pid)
+        for p in [root, *root.children(recursive=True)]:     # horovodrun (the elastic driver) and its workers
+            try:
+                cmd, name = " ".join(p.cmdline())[:160], p.name()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if not name.startswith("python"):
+                continue
+            dump = subprocess.run([spy, "dump", "--native", "--pid", str(p.pid)], capture_output=True, text=True,
+                                  timeout=60)
+            out.append(f"--- pid {p.pid} (parent {p.ppid()}): {cmd}\n{dump.stdout}{dump.stderr}")
+        return "\n".join(out)
 
     def output(self) -> str:
         if not self._out.closed:

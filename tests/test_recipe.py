@@ -186,7 +186,10 @@ def test_train_under_horovodrun_with_compression_and_pipelining(corpus, tmp_path
 
 def test_cycle_time_from_the_config_unless_the_launcher_set_one(monkeypatch):
     from asr.train import set_cycle_time
-    monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
+    # setenv first so that monkeypatch restores the variable's absence: set_cycle_time writes os.environ
+    # itself, and a leaked HOROVOD_CYCLE_TIME=10 would reach every later test's horovodrun jobs.
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "")
+    monkeypatch.delenv("HOROVOD_CYCLE_TIME")
     assert set_cycle_time(0) == "" and "HOROVOD_CYCLE_TIME" not in os.environ     # 0: Horovod's default
     assert set_cycle_time(10) == "10" and os.environ["HOROVOD_CYCLE_TIME"] == "10"
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "2.5")                               # horovodrun --cycle-time-ms 2.5
