@@ -42,6 +42,10 @@ def discovery(folder: Path, hosts) -> tuple[Path, Path]:
     return script, hosts_file
 
 
+class JobHung(AssertionError):
+    """An elastic job still running at its time limit; the message holds its output and stacks."""
+
+
 class ElasticJob:
     """``horovodrun -np NP --min-np MIN --max-np MAX --host-discovery-script SCRIPT CMD...`` in the
     background; ``wait()`` returns the CompletedProcess-like (returncode, output)."""
@@ -86,7 +90,7 @@ class ElasticJob:
         except subprocess.TimeoutExpired:
             stacks = self.stacks()
             self.stop()
-            raise AssertionError(f"elastic job timed out after {timeout} s\n{self.output()[-6000:]}\n{stacks}")
+            raise JobHung(f"elastic job timed out after {timeout} s\n{self.output()[-6000:]}\n{stacks}")
         self._out.close()
         return rc, self.output()
 
