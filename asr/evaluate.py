@@ -278,7 +278,16 @@ def _map(fn, jobs: list, n: int) -> list:
         return [fn(j) for j in jobs]
     import multiprocessing as mp
     with mp.get_context("spawn").Pool(min(n, len(jobs)), initializer=_pool_init) as pool:
-        return pool.map(fn, jobs, chunksize=1)
+        out = pool.map(fn, jobs, chunksize=1)
+        _finish(pool)
+    return out
+
+
+def _finish(pool) -> None:
+    """Let a pool's workers exit by themselves (``with Pool`` alone terminates them, and terminated workers leave
+    their semaphores to the resource tracker, which then warns about "leaked semaphore objects" at exit)."""
+    pool.close()
+    pool.join()
 
 
 def tune(args, ckpt, base: dict) -> dict:
@@ -367,6 +376,7 @@ def run_dir_mode(args) -> int:
                 # the latest epochs first: they decode longer hypotheses, so the pool ends level
                 for epoch in pool.imap_unordered(_decode_epoch_job, [(args, ck, methods) for ck in reversed(ckpts)]):
                     done_epochs.add(epoch)
+                _finish(pool)
         else:
             for ck in ckpts:
                 done_epochs.add(_decode_epoch(args, ck, methods))

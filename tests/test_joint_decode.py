@@ -287,6 +287,24 @@ def test_tune_on_dev_decodes_the_test_set_with_the_lowest_dev_wer_setting(corpus
     assert [h["hyp"] for h in again["hypotheses"]] == [h["hyp"] for h in res["hypotheses"]]
 
 
+def test_asr_eval_with_two_processes_ends_without_leaked_semaphores(corpus):
+    """The CLI, as run.sh calls it: --jobs 2 spreads the manifests over two spawned processes, whose pool is
+    closed and joined (terminated workers left semaphores that Python's resource tracker warned about at exit)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    import shutil
+    shutil.copy(corpus / "test.jsonl", corpus / "dev.jsonl")
+    asr_eval_cli = Path(sys.executable).parent / "asr-eval"
+    proc = subprocess.run([str(asr_eval_cli), "--checkpoint", str(corpus / "ctc.pt"), "--manifest", str(corpus / "test.jsonl"),
+                           "--manifest", str(corpus / "test.jsonl"), "--method", "joint", "--beam", "2",
+                           "--lm", str(_random_lm(corpus)), "--tune-on", str(corpus / "dev.jsonl"), "--threads", "1",
+                           "--jobs", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "leaked semaphore" not in proc.stderr and "resource_tracker" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stdout.count("test.jsonl: WER") == 2
+
+
 def test_tune_on_keeps_explicit_flags_and_refuses_the_reported_set(corpus):
     import shutil
     from asr.evaluate import main
