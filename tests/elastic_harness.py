@@ -101,17 +101,21 @@ class ElasticJob:
         if not spy:
             return ""
         out = []
-        root = psutil.Process(self.proc.pid)
-        for p in [root, *root.children(recursive=True)]:     # horovodrun (the elastic driver) and its workers
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]     # horovodrun (the elastic driver) and its workers
+        except psutil.NoSuchProcess:
+            return "(horovodrun has exited: no stacks)"
+        for p in procs:
             try:
                 cmd, name = " ".join(p.cmdline())[:160], p.name()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-            if not name.startswith("python"):
-                continue
-            dump = subprocess.run([spy, "dump", "--native", "--pid", str(p.pid)], capture_output=True, text=True,
-                                  timeout=60)
-            out.append(f"--- pid {p.pid} (parent {p.ppid()}): {cmd}\n{dump.stdout}{dump.stderr}")
+                if not name.startswith("python"):
+                    continue
+                dump = subprocess.run([spy, "dump", "--native", "--pid", str(p.pid)], capture_output=True,
+                                      text=True, timeout=60)
+                out.append(f"--- pid {p.pid} (parent {p.ppid()}): {cmd}\n{dump.stdout}{dump.stderr}")
+            except (psutil.NoSuchProcess, psutil.AccessDenied, subprocess.TimeoutExpired) as err:
+                out.append(f"--- pid {p.pid}: no stack ({type(err).__name__})")
         return "\n".join(out)
 
     def output(self) -> str:
