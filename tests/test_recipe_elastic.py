@@ -71,8 +71,8 @@ def test_recipe_elastic_survives_a_lost_worker(corpus, tmp_path, victim):  # noq
     try:
         run, rc, output, killed_at = _run_and_kill(corpus, tmp_path / "try1", victim)
     except JobHung as hung:
-        # A known, rare hang, not understood yet: in about one full CI run in three, one of these jobs went
-        # silent after the survivors' Gloo error (no reset record); never in ~100 jobs and ~40 kills of
+        # A known, rare hang, not understood yet: in three full test-suite runs of about eight, one of these went
+        # silent after the survivors' Gloo error (no reset record); never in 62 jobs and 43 kills of
         # scripts/stress_elastic.py run alone. The message keeps the output and the py-spy stacks of
         # horovodrun and every worker (the evidence needed); a second hang in a row fails the test.
         (tmp_path / "hang.txt").write_text(str(hung))
