@@ -1,6 +1,6 @@
 """Stress the recipe's elastic recovery: one long ``asr.train`` job under ``horovodrun`` (3 local host
-names, min 2, max 3, blacklist cooldown so a killed host comes back), and a loop that SIGKILLs a random
-worker each time the job has trained a few steps at full size. A job that makes no progress for
+names, min 2, max 3, blacklist cooldown so a killed host comes back), and a loop that SIGKILLs a worker
+(the host killed least so far) each time the job has trained a few steps at full size. A job that makes no progress for
 ``--hang-s`` seconds is a hang: the script writes ``py-spy dump --native`` of horovodrun and every worker
 to OUT/stacks.txt and stops. Prints one line per kill and a summary.
 
@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,18 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.elastic_harness import ElasticJob, LOCAL_HOSTS, read_jsonl, write_hosts  # noqa: E402
-
-BIN = Path(sys.executable).parent
+from tests.test_recipe import tiny_corpus  # noqa: E402
 
 
 def corpus(out: Path) -> Path:
     c = out / "corpus"
-    if (c / "stats" / "feature_stats.json").exists():
-        return c
-    subprocess.run([BIN / "asr-prep", "synth", "--out", c, "--size", "tiny", "--seed", "3", "--limit", "24"], check=True)
-    subprocess.run([BIN / "asr-prep", "tokenizer", "--manifest", c / "train.jsonl", "--vocab-size", "60",
-                    "--out", c / "tok"], check=True)
-    subprocess.run([BIN / "asr-prep", "stats", "--manifest", c / "train.jsonl", "--out", c / "stats"], check=True)
+    if not (c / "stats" / "feature_stats.json").exists():
+        c.mkdir(parents=True, exist_ok=True)
+        tiny_corpus(c)
     return c
 
 

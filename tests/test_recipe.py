@@ -19,7 +19,12 @@ CONF = ROOT / "recipes" / "bfa" / "conf" / "cpu-tiny.yaml"
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    out = tmp_path_factory.mktemp("corpus")
+    return tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def tiny_corpus(out: Path) -> Path:
+    """24 tiny synthesized utterances in ``out`` with few.jsonl, a 60-piece tokenizer and feature statistics
+    (also used by scripts/stress_elastic.py)."""
     subprocess.run([BIN / "asr-prep", "synth", "--out", out, "--size", "tiny", "--seed", "3", "--limit", "24"],
                    check=True, capture_output=True)
     # The 4 shortest training utterances, also used as "dev" so that overfitting shows as WER 0.
