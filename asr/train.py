@@ -394,11 +394,20 @@ class Trainer:
             return dict(zip(EPOCH_COUNTS, state.counts))
         # Not elastic: the mean of the workers' per-batch means (each worker's batches count alike).
         means = torch.tensor([local[k] / max(local["batches"], 1) for k in LOSSES], dtype=torch.float64)
-        means = hvd.allreduce(means, op=hvd.Average, name=f"trainloss.{epoch}")
-        summed = hvd.allreduce(torch.tensor([local["skipped_utterances"], local["audio_s"]], dtype=torch.float64),
+        means = self._agree(means, op=hvd.Average, name=f"trainloss.{epoch}")
+        summed = self._agree(torch.tensor([local["skipped_utterances"], local["audio_s"]], dtype=torch.float64),
                                op=hvd.Sum, name=f"epoch_sums.{epoch}")
         return {**dict(zip(LOSSES, means.tolist())), "batches": 1.0, "skipped_utterances": float(summed[0]),
                 "audio_s": float(summed[1])}
+
+    @staticmethod
+    def _agree(tensor: torch.Tensor, op, name: str) -> torch.Tensor:
+        """A blocking allreduce of a small tensor (in place) through horovod_ext's pinned collectives:
+        the driver thread may be enqueueing pipelined gradients' ops meanwhile, and a plain
+        ``hvd.allreduce`` there can deadlock Horovod's shutdown after a lost worker (see
+        horovod_ext/communicator.py)."""
+        from horovod_ext.communicator import allreduce
+        return allreduce(tensor, name, op)
 
     CLOCK_EVERY = 10          # steps between agreements on the training time (one tiny allreduce)
 
@@ -410,7 +419,7 @@ class Trainer:
             local = state.trained_s + state.train_s + (time.time() - self.progress["mark"])
         else:
             local = state.trained_s + (time.time() - epoch_t0)
-        self.agreed_s = float(hvd.allreduce(torch.tensor(local, dtype=torch.float64), op=hvd.Max, name="clock"))
+        self.agreed_s = float(self._agree(torch.tensor(local, dtype=torch.float64), op=hvd.Max, name="clock"))
         budget_s = self.cfg.train.max_minutes * 60
         return bool(budget_s) and self.agreed_s >= budget_s
 
@@ -453,7 +462,7 @@ class Trainer:
     def _fold(self, state, local: dict) -> None:
         """Elastic: add every worker's counts and time since the last commit to the state."""
         hvd = self.hvd
-        total = hvd.allreduce(torch.tensor([local[k] for k in EPOCH_COUNTS], dtype=torch.float64), op=hvd.Sum,
+        total = self._agree(torch.tensor([local[k] for k in EPOCH_COUNTS], dtype=torch.float64), op=hvd.Sum,
                               name="elastic.counts")
         state.counts = tuple(a + b for a, b in zip(state.counts, total.tolist()))
         local.update(dict.fromkeys(EPOCH_COUNTS, 0.0))
@@ -479,7 +488,7 @@ class Trainer:
         out = {}
         for m in methods:
             local = sum(utterance_errors([r["ref"] for r in rows[m]], [r["hyp"] for r in rows[m]]), ErrorCounts())
-            total = ErrorCounts.from_list(hvd.allreduce(torch.tensor(local.to_list(), dtype=torch.float64),
+            total = ErrorCounts.from_list(self._agree(torch.tensor(local.to_list(), dtype=torch.float64),
                                                         op=hvd.Sum, name=f"devwer.{m}"))
             out["dev_wer_greedy" if m == "attention" else "dev_wer_ctc"] = total.wer
         return out
@@ -496,7 +505,7 @@ class Trainer:
                "bits_per_element": comm["bits_per_element"],
                "comm_wait_s": comm["wait_s"] - self.comm_before["wait_s"],
                # the slowest-fed worker's seconds waiting for its loader (augmentation that cannot keep up)
-               "data_wait_s": float(hvd.allreduce(torch.tensor(self.data_wait_s, dtype=torch.float64), op=hvd.Max,
+               "data_wait_s": float(self._agree(torch.tensor(self.data_wait_s, dtype=torch.float64), op=hvd.Max,
                                                   name=f"data_wait.{epoch}")),
                "skipped_utterances": int(counts["skipped_utterances"]),          # unreadable files, all workers
                "audio_s": counts["audio_s"],                                     # audio trained on, all workers
@@ -523,7 +532,7 @@ class Trainer:
                     old.unlink()
         # The allreduce also makes everyone wait for the checkpoint.
         epoch_s = (train_s + eval_s) if self.elastic else time.time() - t0
-        epoch_s = float(hvd.allreduce(torch.tensor(epoch_s, dtype=torch.float64), op=hvd.Max, name=f"epoch_s.{epoch}"))
+        epoch_s = float(self._agree(torch.tensor(epoch_s, dtype=torch.float64), op=hvd.Max, name=f"epoch_s.{epoch}"))
         state.trained_s += epoch_s
         state.epochs_done = epoch + 1
         state.epoch, state.batch = epoch + 1, 0

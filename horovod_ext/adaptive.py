@@ -29,6 +29,8 @@ import time
 import torch
 import horovod.torch as hvd
 
+from . import communicator
+
 
 @dataclasses.dataclass
 class Adaptive:
@@ -85,10 +87,10 @@ def backend_sum_cost(dtype: torch.dtype, device, process_set=hvd.global_process_
     for i in range(repeats + 1):
         for t in (low, fp32):
             t0 = time.perf_counter()
-            hvd.allreduce(t, name=f"hx.adaptive.probe.{str(t.dtype)[6:]}.{i}", op=hvd.Sum, process_set=process_set)
+            communicator.allreduce(t, f"hx.adaptive.probe.{str(t.dtype)[6:]}.{i}", hvd.Sum, process_set)
             if i:                                             # the first round sets up buffers
                 best[t.dtype] = min(best[t.dtype], time.perf_counter() - t0)
     bits = torch.finfo(dtype).bits
     local = max(0.0, best[dtype] - best[torch.float32] * bits / 32) / numel
-    return float(hvd.allreduce(torch.tensor([local], dtype=torch.float64, device="cpu"), name="hx.adaptive.probe.cost",
-                               op=hvd.Max, process_set=process_set)[0])
+    return float(communicator.allreduce(torch.tensor([local], dtype=torch.float64, device="cpu"),
+                                        "hx.adaptive.probe.cost", hvd.Max, process_set)[0])

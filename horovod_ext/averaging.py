@@ -16,6 +16,7 @@ import time
 import torch
 import horovod.torch as hvd
 
+from . import communicator
 from .stats import CommStats
 
 
@@ -76,10 +77,10 @@ class ModelAveraging:
         if buffers:
             tensors += self.float_buffers()
         t0 = time.perf_counter()
-        handles = [hvd.allreduce_async_(t, name=f"hx.{self.kind}.avg.{name}", op=hvd.Average,
-                                        process_set=self.process_set) for name, t in tensors]
+        handles = [communicator.allreduce_async_(t, f"hx.{self.kind}.avg.{name}", hvd.Average,
+                                                 process_set=self.process_set) for name, t in tensors]
         for h in handles:
-            hvd.synchronize(h)
+            communicator.wait(h)
         self.count(t0, "allreduce", sum(t.numel() * t.element_size() for _, t in tensors), calls=len(tensors))
 
     def count(self, t0: float, kind: str, nbytes: int, calls: int = 1) -> None:

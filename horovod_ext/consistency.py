@@ -13,8 +13,8 @@ import hashlib
 import json
 
 import torch
-import horovod.torch as hvd
 
+from . import communicator
 from .communicator import allgather_object
 
 
@@ -24,8 +24,7 @@ def check_workers_agree(description: dict, process_set, what: str = "hx.Distribu
     if process_set.size() == 1:
         return
     digest = int.from_bytes(hashlib.sha256(json.dumps(description).encode()).digest()[:7], "big")
-    digests = hvd.allgather(torch.tensor([digest], dtype=torch.int64), name="hx.check.digest",
-                            process_set=process_set)
+    digests = communicator.allgather(torch.tensor([digest], dtype=torch.int64), "hx.check.digest", process_set)
     if bool((digests == digests[0]).all()):
         return
     everyone = allgather_object(description, "hx.check.describe", process_set)

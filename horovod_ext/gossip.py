@@ -31,6 +31,7 @@ import time
 import torch
 import horovod.torch as hvd
 
+from . import communicator
 from .averaging import ModelAveraging
 
 TOPOLOGIES = ("ring", "exponential")
@@ -127,7 +128,7 @@ class Gossip(ModelAveraging):
         if size == 2:
             # Two workers: both graphs mix (x_0 + x_1) / 2, which is one allreduce Average, a ring that
             # runs both directions at the link's rate (the alltoall of the model reached about half).
-            hvd.allreduce_(flat, name="hx.gossip.pair", op=hvd.Average, process_set=self.process_set)
+            communicator.allreduce(flat, "hx.gossip.pair", hvd.Average, self.process_set)
             self.count(t0, "allreduce", flat.numel() * flat.element_size())
             mixed = flat
         else:
@@ -135,7 +136,7 @@ class Gossip(ModelAveraging):
             for peer in send_to:
                 splits[peer] = flat.numel()
             payload = flat if len(send_to) == 1 else torch.cat([flat] * len(send_to))   # slices in rank order
-            received, _ = hvd.alltoall(payload, splits=splits, name="hx.gossip.mix", process_set=self.process_set)
+            received, _ = communicator.wait(communicator.alltoall_async(payload, splits, "hx.gossip.mix", self.process_set))
             self.count(t0, "alltoall", payload.numel() * payload.element_size())
             parts = dict(zip(sorted(recv_from), received.view(len(recv_from), flat.numel())))
             if self.topology == "ring":

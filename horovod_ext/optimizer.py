@@ -40,6 +40,7 @@ import horovod.torch as hvd
 
 from . import state as codec_state_io
 from .adaptive import Adaptive, backend_sum_cost
+from . import communicator
 from .communicator import Communicator, allgather_object
 from .compression import Compression, Compressor, NonFiniteGradientError, ReduceContext
 from .compression.horovod_compat import GroupedAllreduce, SparseAllgather, as_codec
@@ -407,8 +408,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         the payload costs beyond fp32's where the codec says it may (fp16), and apply the cost rule."""
         st = self._ledger.measured
         local = min(self._ledger.step_costs, default=0.0)
-        agreed = float(hvd.allreduce(torch.tensor([local], dtype=torch.float64), name="hx.adaptive.cost",
-                                     op=hvd.Max, process_set=self.process_set)[0])
+        agreed = float(communicator.allreduce(torch.tensor([local], dtype=torch.float64), "hx.adaptive.cost",
+                                              hvd.Max, self.process_set)[0])
         backend = 0.0
         sum_dtype = getattr(self._compression, "backend_sum_dtype", None)
         if (sum_dtype is not None and self.adaptive.link_gbps and self.process_set.size() > 1

@@ -12,11 +12,10 @@ import json
 from pathlib import Path
 import sys
 import time
-import warnings
 
 import pytest
 
-from tests.elastic_harness import ROOT, ElasticJob, JobHung, LOCAL_HOSTS, epoch_coverage, read_jsonl, write_hosts
+from tests.elastic_harness import ROOT, ElasticJob, LOCAL_HOSTS, epoch_coverage, read_jsonl, write_hosts
 from tests.test_recipe import CONF, corpus, log_records, overrides  # noqa: F401  (corpus is a fixture)
 
 pytestmark = pytest.mark.horovod
@@ -68,16 +67,10 @@ def _run_and_kill(corpus, folder: Path, victim: str):
 
 @pytest.mark.parametrize("victim", ["rank0", "other"])
 def test_recipe_elastic_survives_a_lost_worker(corpus, tmp_path, victim):  # noqa: F811
-    try:
-        run, rc, output, killed_at = _run_and_kill(corpus, tmp_path / "try1", victim)
-    except JobHung as hung:
-        # A known, rare hang, not understood yet: in three full test-suite runs of about eight, one of these went
-        # silent after the survivors' Gloo error (no reset record); never in 62 jobs and 43 kills of
-        # scripts/stress_elastic.py run alone. The message keeps the output and the py-spy stacks of
-        # horovodrun and every worker (the evidence needed); a second hang in a row fails the test.
-        (tmp_path / "hang.txt").write_text(str(hung))
-        warnings.warn(f"elastic recovery hung once, retried; evidence in {tmp_path / 'hang.txt'}:\n{str(hung)[-30000:]}")
-        run, rc, output, killed_at = _run_and_kill(corpus, tmp_path / "try2", victim)
+    # A hang fails with the output and the py-spy stacks of horovodrun and every worker (JobHung). The one
+    # seen before (a survivor deadlocked inside Horovod's shutdown) is fixed by horovod_ext's pinned
+    # collectives: tests/test_finalize_deadlock.py.
+    run, rc, output, killed_at = _run_and_kill(corpus, tmp_path, victim)
     assert killed_at is not None, output[-4000:]
     assert rc == 0, output[-6000:]
 
