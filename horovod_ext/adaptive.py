@@ -82,12 +82,14 @@ def backend_sum_cost(dtype: torch.dtype, device, process_set=hvd.global_process_
     backend sums ``dtype`` in software (Gloo and MPI on CPU tensors, float16) it is that summing
     time. A collective: every worker of ``process_set`` must call it at the same point, with no
     other collective in flight (the caller waits for its own first)."""
-    low, fp32 = torch.ones(numel, dtype=dtype, device=device), torch.ones(numel, dtype=torch.float32, device=device)
+    # zeros: the allreduces run in place, and sums of zeros stay finite at any worker count
+    low, fp32 = torch.zeros(numel, dtype=dtype, device=device), torch.zeros(numel, dtype=torch.float32, device=device)
     best = {dtype: float("inf"), torch.float32: float("inf")}
     for i in range(repeats + 1):
         for t in (low, fp32):
             t0 = time.perf_counter()
-            communicator.allreduce(t, f"hx.adaptive.probe.{str(t.dtype)[6:]}.{i}", hvd.Sum, process_set)
+            communicator.allreduce(t, f"hx.adaptive.probe.{str(t.dtype)[6:]}.{i}", hvd.Sum, process_set,
+                                   spin=True)
             if i:                                             # the first round sets up buffers
                 best[t.dtype] = min(best[t.dtype], time.perf_counter() - t0)
     bits = torch.finfo(dtype).bits

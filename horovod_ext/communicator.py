@@ -89,14 +89,15 @@ def _issue(capsules: list, start) -> int:
     return handle
 
 
-def wait(handle):
+def wait(handle, spin: bool = False):
     """Wait for a collective without spinning; release its pins once it has succeeded.
 
     ``hvd.synchronize`` busy-waits (poll, yield, re-take the GIL, poll ...): from a background
     thread that steals a core and the GIL from the training thread. Polling with a short, growing
-    sleep (50 us to 2 ms) leaves both to the work that matters."""
+    sleep (50 us to 2 ms) leaves both to the work that matters. ``spin``: busy-wait anyway, for
+    timing probes that need the collective's end to the microsecond."""
     delay = 5e-5
-    while not hvd.poll(handle):
+    while not spin and not hvd.poll(handle):
         time.sleep(delay)
         delay = min(2 * delay, 2e-3)
     out = hvd.synchronize(handle)      # raises if the op failed: its pins stay (see the module docstring)
@@ -136,10 +137,11 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor, name: str, proces
                   lambda: _mpi_ops._alltoall_async(tensor, splits, output, received_splits, name, process_set))
 
 
-def allreduce(tensor: torch.Tensor, name: str, op, process_set=hvd.global_process_set) -> torch.Tensor:
+def allreduce(tensor: torch.Tensor, name: str, op, process_set=hvd.global_process_set,
+              spin: bool = False) -> torch.Tensor:
     """Blocking allreduce of ``tensor`` in place (pinned); returns it. For small tensors (metrics,
     agreed settings) that may be reduced while the driver thread or a hook enqueues other ops."""
-    return wait(allreduce_async_(tensor, name, op, process_set=process_set))
+    return wait(allreduce_async_(tensor, name, op, process_set=process_set), spin=spin)
 
 
 def allgather(tensor: torch.Tensor, name: str, process_set=hvd.global_process_set) -> torch.Tensor:
