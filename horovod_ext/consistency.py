@@ -15,7 +15,6 @@ import json
 import torch
 
 from . import communicator
-from .communicator import allgather_object
 
 
 def check_workers_agree(description: dict, process_set, what: str = "hx.DistributedOptimizer") -> None:
@@ -27,7 +26,7 @@ def check_workers_agree(description: dict, process_set, what: str = "hx.Distribu
     digests = communicator.allgather(torch.tensor([digest], dtype=torch.int64), "hx.check.digest", process_set)
     if bool((digests == digests[0]).all()):
         return
-    everyone = allgather_object(description, "hx.check.describe", process_set)
+    everyone = communicator.allgather_object(description, "hx.check.describe", process_set)
     raise ValueError(f"{what}: the workers disagree; every worker must build the same model and optimizer "
                      f"settings. {first_difference(everyone)}")
 

@@ -136,7 +136,8 @@ class Gossip(ModelAveraging):
             for peer in send_to:
                 splits[peer] = flat.numel()
             payload = flat if len(send_to) == 1 else torch.cat([flat] * len(send_to))   # slices in rank order
-            received, _ = communicator.wait(communicator.alltoall_async(payload, splits, "hx.gossip.mix", self.process_set))
+            handle = communicator.alltoall_async(payload, splits, "hx.gossip.mix", self.process_set)
+            received, _ = communicator.wait(handle)
             self.count(t0, "alltoall", payload.numel() * payload.element_size())
             parts = dict(zip(sorted(recv_from), received.view(len(recv_from), flat.numel())))
             if self.topology == "ring":
