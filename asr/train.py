@@ -179,7 +179,7 @@ class Trainer:
                                                compression=hx.Compression.from_spec(cfg.train.compression),
                                                backward_passes_per_step=cfg.train.backward_passes_per_step,
                                                pipeline=cfg.train.pipeline, warmup_steps=cfg.train.comm_warmup_steps,
-                                               nonfinite=cfg.train.nonfinite)
+                                               nonfinite=cfg.train.nonfinite, predict_weights=cfg.train.predict_weights)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.amp)
         if self.amp_dtype is not None and self.device.type != "cuda":
             self.log({"event": "note", "message": f"train.amp={cfg.train.amp} is for GPU hosts; training in fp32 "
@@ -364,7 +364,8 @@ class Trainer:
                 state.batch += size
                 if state.step % cfg.train.commit_every == 0 and steps_left > 0:
                     self._fold(state, local)
-                    state.commit()
+                    with opt.true_parameters():      # not the predicted weights (train.predict_weights)
+                        state.commit()
             if stats is not None:
                 bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['acc']:.2f}")
                 if rank == 0 and not interactive and time.time() - last_note > 30:

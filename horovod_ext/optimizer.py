@@ -17,6 +17,8 @@ On top of it:
   step 1 has nothing left to apply and leaves the parameters as they are; from step 2 on, step t
   applies the gradients of step t-1. ``flush()`` applies what is in flight (call it at epoch end,
   before evaluation), so every gradient is applied exactly once;
+* ``predict_weights=True`` (with ``pipeline``) takes each gradient at the parameters predicted for
+  when it is applied instead of one update behind (:mod:`horovod_ext.prediction`);
 * ``warmup_steps=K``: the first K steps reduce plain fp32 and synchronously (no codec, no pipeline),
   as PowerSGD's ``start_powerSGD_iter`` and DGC's warm-up do;
 * one non-finite policy on every path (``nonfinite``): the reduced gradient is the same on every
@@ -33,7 +35,7 @@ gradient still in flight is reused.
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import horovod.torch as hvd
@@ -45,6 +47,7 @@ from .communicator import Communicator, allgather_object
 from .compression import Compression, Compressor, NonFiniteGradientError, ReduceContext
 from .compression.horovod_compat import GroupedAllreduce, SparseAllgather, as_codec
 from .consistency import check_workers_agree
+from .prediction import WeightPrediction
 from .reduction import Done, Driver, Member, Reduction, Rounds
 from .stats import Ledger
 
@@ -55,7 +58,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=hvd.Average,
                  gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
                  process_set=hvd.global_process_set, pipeline=False, overlap=True, adaptive=True, warmup_steps=0,
-                 nonfinite=None):
+                 nonfinite=None, predict_weights=False):
         super(self.__class__, self).__init__(params)
         codec = as_codec(compression)
         if backward_passes_per_step < 1:
@@ -65,6 +68,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         nonfinite = nonfinite or codec.nonfinite or "raise"
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+        if predict_weights and not pipeline:
+            raise ValueError("predict_weights=True corrects the staleness of pipelined steps; it needs pipeline=True")
         self._compression = codec
         if isinstance(adaptive, Adaptive):
             self.adaptive = adaptive
@@ -88,6 +93,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._index_groups()
         self._delay = {p: backward_passes_per_step for p in self._names}
         self._requires_update = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        self._prediction = WeightPrediction(self._requires_update) if predict_weights else None
         self._synchronized = False
         self._should_synchronize = True
         self._checked_world = None        # the worker count the cross-rank check last ran at
@@ -380,6 +386,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._apply(ready, closure)
 
     def _apply(self, ready: dict, closure=None):
+        pred = self._prediction
+        # Predict only where this round's gradients are in flight: they are applied next step, on top
+        # of this update. (Not after a synchronous step, whose next step applies nothing, nor at flush.)
+        predicting = pred is not None and bool(self._rounds.inflight)
+        if pred is not None and (predicting or pred.active):
+            pred.restore()               # the update goes to the true weights, not the prediction
         names, self._rounds.ready_nonfinite = self._rounds.ready_nonfinite, []
         if names:
             self._ledger.skipped()
@@ -394,6 +406,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         loss = super(self.__class__, self).step(closure)
         for p in ready:
             self._compression.after_step(p, self._codec_state[self._names[p]], self._group_of[p])
+        if predicting:
+            pred.predict()               # the next gradient is taken where it will be applied
         return loss
 
     def _end_round(self) -> None:
@@ -424,7 +438,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Pipelined: wait for the gradients still in flight and apply them (a no-op otherwise).
 
         Call at epoch end, before evaluating, so no gradient is lost. The gradients of the current
-        backward (if step() was not called yet) are left alone."""
+        backward (if step() was not called yet) are left alone. With ``predict_weights`` the
+        parameters are the true weights afterwards, not a prediction."""
+        if self._prediction is not None and self._prediction.active:
+            self._prediction.restore()
         if not self.pipeline or not self._rounds.inflight:
             return None
         ready = self._rounds.take_inflight()
@@ -440,6 +457,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p, g in saved.items():
                 p.grad = g
             self._ledger.end_step(count_step=False, measured=True)
+
+    def true_parameters(self):
+        """A context in which the parameters hold the true weights (``predict_weights``: between
+        steps they hold a prediction), e.g. to save them mid-epoch; a no-op otherwise."""
+        return self._prediction.true_parameters() if self._prediction is not None else nullcontext()
 
     def zero_grad(self, set_to_none: bool = True):
         if self._rounds.pending and not self._pipelining:
@@ -500,6 +522,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _reset_rounds(self) -> None:
         self._rounds.clear()
+        if self._prediction is not None:
+            self._prediction.drop()      # the loaded parameters are the truth
         self._synchronized = False
         self._should_synchronize = True
         self._checked_world = None
@@ -552,7 +576,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def comm_stats(self) -> dict:
         """Communication cost: ``last`` step and ``total`` over all steps (see :class:`CommStats`)."""
         return {"compression": self._compression.label, "workers": self.process_set.size(),
-                "pipeline": self.pipeline, "nonfinite": self.nonfinite, "adaptive": self.adaptive.as_dict(),
+                "pipeline": self.pipeline, "predict_weights": self._prediction is not None,
+                "nonfinite": self.nonfinite, "adaptive": self.adaptive.as_dict(),
                 "last": self._ledger.last.as_dict(), "total": self._ledger.total.as_dict()}
 
     def codec_state(self, name: str) -> dict:
@@ -566,7 +591,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
                          sparse_as_dense: bool = False, process_set=hvd.global_process_set, *,
                          pipeline: bool = False, overlap: bool = True, adaptive=True, warmup_steps: int = 0,
-                         nonfinite: str | None = None):
+                         nonfinite: str | None = None, predict_weights: bool = False):
     """Wrap ``optimizer`` so that gradients are averaged across Horovod workers, compressed by
     ``compression``: ``hvd.DistributedOptimizer`` with the same arguments and results, plus the
     knobs after ``*``.
@@ -592,6 +617,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         pipeline: Pipe-SGD (False). True overlaps the reduction of step t with the compute of step
             t+1, applying updates one step stale; pays when communication is a large part of a step.
             Call ``flush()`` before evaluation.
+        predict_weights: with ``pipeline``, run each forward and backward at the parameters
+            predicted for when its gradient is applied (the true weights plus the last update;
+            SpecTrain / PipeMare), instead of one update behind (False). Between steps the
+            parameters then hold that prediction: ``flush()`` leaves the true weights, and
+            ``true_parameters()`` shows them for a moment (to save them mid-epoch).
         overlap: advance multi-phase codecs from a background thread while backward runs (True);
             False runs every phase on the training thread, at ``step()``.
         adaptive: send a tensor uncompressed when compressing it would not pay (True): tensors
@@ -606,8 +636,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             skips). NaN/Inf reach ``p.grad`` first, so a ``GradScaler`` backs off as usual.
 
     Returns the wrapped optimizer, with ``synchronize()``, ``skip_synchronize()``, ``flush()``,
-    ``comm_stats()``, ``state_dict()`` (this worker's codec state included), ``gather_state_dict()``
-    (every worker's, for checkpoints) and ``set_backward_passes_per_step()``.
+    ``true_parameters()``, ``comm_stats()``, ``state_dict()`` (this worker's codec state included),
+    ``gather_state_dict()`` (every worker's, for checkpoints) and ``set_backward_passes_per_step()``.
     """
     if gradient_predivide_factor != 1.0 and op != hvd.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -620,7 +650,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise ValueError("backward_passes_per_step must be > 0")
     codec = as_codec(compression)
     if op == hvd.Adasum and hvd.size() > 1:
-        if codec not in (Compression.none, Compression.fp16) or pipeline or warmup_steps or nonfinite:
+        if (codec not in (Compression.none, Compression.fp16) or pipeline or warmup_steps or nonfinite
+                or predict_weights):
             raise ValueError("op=hvd.Adasum reduces parameter deltas (Horovod's Adasum optimizer), not gradients: "
                              "it cannot be combined with hx codecs, pipeline, warmup_steps or nonfinite. Use "
                              "compression=hx.Compression.none (or fp16) with none of those, or op=hvd.Average")
@@ -637,4 +668,4 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     cls.__module__ = hvd.DistributedOptimizer.__module__
     return cls(optimizer.param_groups, named_parameters, codec, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set, pipeline, overlap, adaptive,
-               warmup_steps, nonfinite)
+               warmup_steps, nonfinite, predict_weights)

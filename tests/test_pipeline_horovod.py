@@ -21,6 +21,24 @@ def test_trajectory_equals_one_step_stale_simulation(reports, momentum):
         assert tr["flush_changed"], "flush() must apply the last step's gradients"
 
 
+@pytest.mark.parametrize("optimizer", ["sgd_m0.9", "adam"])
+def test_weight_prediction_equals_its_one_process_simulation(reports, optimizer):
+    for rep in reports:
+        p = rep[f"predicted_{optimizer}"]
+        # bit for bit: the parameters each step leaves (the prediction) and the true weights behind them
+        assert p["seen_diff"] == 0.0 and p["truth_diff"] == 0.0, p
+        assert p["predicted_somewhere"] and p["flag"], p
+        assert p["context_restores_prediction"], p      # true_parameters() puts the prediction back exactly
+        if p["differs_from_plain_pipeline"] is not None:
+            assert p["differs_from_plain_pipeline"], p
+
+
+def test_weight_prediction_keeps_a_parameter_set_from_outside_and_needs_pipeline(reports):
+    for rep in reports:
+        assert rep["outside_change_kept"], rep      # the restore does not undo a load between steps
+        assert "needs pipeline=True" in rep["needs_pipeline"], rep["needs_pipeline"]
+
+
 def test_warmup_steps_are_plain_synchronous_then_pipelined_and_compressed(reports):
     for rep in reports:
         w = rep["warmup"]

@@ -95,6 +95,102 @@ report["warmup"] = {"exact": all(d == 0.0 for d in diffs), "max_diff": max(diffs
                     "compressed_max_diff": max(float((a - b).abs().max()) for s, g in zip(q, got)
                                                for a, b in zip(s, g))}
 
+# Weight prediction: forward/backward at true + the last update, the update applied to the exact true weights.
+def simulate_predicted(steps, make_opt):
+    """Step 0 synchronous, step 1 applies nothing, step t > 1 applies step t-1's average to the true weights
+    and leaves true + (that update) in the parameters; flush applies the last average to the true weights.
+    Returns the parameters seen after each step and the true weights after each step."""
+    model = make_model()
+    opt = make_opt(model.parameters())
+    params = list(model.parameters())
+    stale, true, seen, truth = None, None, [], []
+    for t in range(steps + 1):
+        last = t == steps                          # flush
+        g = averaged_grads(model, t) if not last else None
+        apply = stale if (last or t > 1) else (g if t == 0 else None)
+        stale = g
+        with torch.no_grad():
+            if true is not None:
+                for p, w in zip(params, true):
+                    p.copy_(w)
+            if apply is not None:
+                before = [p.detach().clone() for p in params]
+                for p, a in zip(params, apply):
+                    p.grad = a.clone()
+                opt.step()
+                true = [p.detach().clone() for p in params]
+                if t > 1 and not last:
+                    for p, b in zip(params, before):
+                        p.add_(p - b)
+                else:
+                    true = None
+        truth.append([p.detach().clone() for p in (true or params)])
+        seen.append([p.detach().clone() for p in params])
+    return seen, truth
+
+
+def run_predicted(steps, make_opt):
+    model = make_model()
+    opt = hx.DistributedOptimizer(make_opt(model.parameters()), model.named_parameters(), pipeline=True,
+                                  predict_weights=True, adaptive=False)
+    seen, truth, kept = [], [], True
+    for t in range(steps):
+        opt.zero_grad(set_to_none=True)
+        x, y = batch(R, t)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        before = [p.detach().clone() for p in model.parameters()]
+        with opt.true_parameters():
+            truth.append([p.detach().clone() for p in model.parameters()])
+        kept &= all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+        seen.append(before)
+    opt.flush()
+    seen.append([p.detach().clone() for p in model.parameters()])
+    truth.append(seen[-1])
+    return seen, truth, kept, opt
+
+
+def max_diff(a, b):
+    return max(max(float((x - y).abs().max()) for x, y in zip(s, g)) for s, g in zip(a, b))
+
+
+for label, make_opt in (("sgd_m0.9", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
+                        ("adam", lambda ps: torch.optim.Adam(ps, lr=0.01))):
+    sim_seen, sim_truth = simulate_predicted(STEPS, make_opt)
+    seen, truth, kept, opt = run_predicted(STEPS, make_opt)
+    plain = run(STEPS, 0.9)[0] if label == "sgd_m0.9" else None
+    report[f"predicted_{label}"] = {
+        "seen_diff": max_diff(sim_seen, seen), "truth_diff": max_diff(sim_truth, truth),
+        "context_restores_prediction": kept, "flag": opt.comm_stats()["predict_weights"],
+        "predicted_somewhere": any(not torch.equal(a, b) for s, g in zip(seen, truth) for a, b in zip(s, g)),
+        "differs_from_plain_pipeline": None if plain is None else max_diff(plain, truth) > 0}
+
+# A parameter set from outside between steps (a model loaded) is the truth, not overwritten by the restore.
+model = make_model()
+opt = hx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), pipeline=True,
+                              predict_weights=True, adaptive=False)
+for t in range(4):
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(batch(R, t)[0]), batch(R, t)[1]).backward()
+    opt.step()
+w = model[0].weight
+with torch.no_grad():
+    w.fill_(0.5)
+    expected = w.detach().clone()
+opt.zero_grad(set_to_none=True)
+F.cross_entropy(model(batch(R, 4)[0]), batch(R, 4)[1]).backward()
+opt.synchronize()
+update = -0.1 * model[0].weight.grad.detach().clone()
+with opt.skip_synchronize():
+    opt.step()
+with opt.true_parameters():
+    report["outside_change_kept"] = bool(torch.allclose(w, expected + update, atol=1e-6))
+try:
+    hx.DistributedOptimizer(torch.optim.SGD(make_model().parameters(), lr=0.1), predict_weights=True)
+    report["needs_pipeline"] = "no error"
+except ValueError as e:
+    report["needs_pipeline"] = str(e)
+
 # 100 steps without a duplicate-name error, with a multi-phase codec too
 for spec in ("none", "global_qsgd8"):
     try:
