@@ -67,7 +67,8 @@ class TrainConfig:
     compression: str = "none"           # hx.Compression.from_spec: none, fp16, bf16, global_qsgd8, topk0.01, ...
     pipeline: bool = False
     predict_weights: bool = False       # pipelined: each gradient taken at the predicted weights it is applied to
-                                        # (true weights + the last update) instead of one update behind
+                                        # (true weights + the last update) instead of one update behind; no effect
+                                        # without train.pipeline or with train.slowmo / train.gossip
     slowmo: str = ""                    # hx.SlowMo instead of every-step averaging: slowmo<tau>[-m<momentum>][-<codec>]
                                         # (e.g. slowmo4: local Adam steps, an average every 4); compression must be none
     gossip: str = ""                    # hx.Gossip instead of allreduce: gossip-ring (D-PSGD) | gossip-exp (SGP) [-a<k>:
@@ -91,9 +92,6 @@ class TrainConfig:
     commit_every: int = 20              # elastic: commit the state every this many steps (and at epoch end)
 
     def __post_init__(self):
-        if self.predict_weights and not self.pipeline:
-            raise ConfigError("train.predict_weights=true corrects the staleness of pipelined steps: it needs "
-                              "train.pipeline=true")
         if self.gossip:
             self._check_gossip()
         if not self.slowmo:
@@ -109,9 +107,6 @@ class TrainConfig:
             raise ConfigError(f"train.slowmo={self.slowmo} with train.compression={self.compression}: state SlowMo's "
                               f"inner codec in its spec instead (e.g. train.slowmo=slowmo{spec['tau']}-"
                               f"{self.compression}) and leave train.compression=none")
-        if self.predict_weights:
-            raise ConfigError(f"train.slowmo={self.slowmo} with train.predict_weights=true: weight prediction is for "
-                              f"the every-step optimizer (train.slowmo=\"\")")
         if not spec["inner"] and (self.pipeline or self.comm_warmup_steps or self.backward_passes_per_step != 1):
             raise ConfigError(f"train.slowmo={self.slowmo} takes local steps: train.pipeline, comm_warmup_steps and "
                               f"backward_passes_per_step are for an inner codec (e.g. slowmo{spec['tau']}-global_qsgd8)")

@@ -179,7 +179,8 @@ class Trainer:
                                                compression=hx.Compression.from_spec(cfg.train.compression),
                                                backward_passes_per_step=cfg.train.backward_passes_per_step,
                                                pipeline=cfg.train.pipeline, warmup_steps=cfg.train.comm_warmup_steps,
-                                               nonfinite=cfg.train.nonfinite, predict_weights=cfg.train.predict_weights)
+                                               nonfinite=cfg.train.nonfinite,
+                                               predict_weights=cfg.train.predict_weights and cfg.train.pipeline)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.amp)
         if self.amp_dtype is not None and self.device.type != "cuda":
             self.log({"event": "note", "message": f"train.amp={cfg.train.amp} is for GPU hosts; training in fp32 "
@@ -239,7 +240,9 @@ class Trainer:
                   "batches_per_epoch": len(self.sampler), "compression": cfg.train.compression,
                   **({"slowmo": cfg.train.slowmo} if cfg.train.slowmo else {}),
                   **({"gossip": cfg.train.gossip} if cfg.train.gossip else {}),
-                  "pipeline": cfg.train.pipeline, "peak_lr": cfg.train.lr * self.hvd.size(), "cores": self.cores,
+                  "pipeline": cfg.train.pipeline,
+                  **({"predict_weights": True} if cfg.train.predict_weights and cfg.train.pipeline else {}),
+                  "peak_lr": cfg.train.lr * self.hvd.size(), "cores": self.cores,
                   "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME") or 1.0),   # what hvd.init() read
                   "config": cfg.to_dict(),
                   **({"elastic": True, "commit_every": cfg.train.commit_every} if self.elastic else {})})

@@ -54,17 +54,19 @@ class WeightPrediction:
     def predict(self) -> None:
         """After an update from the weights :meth:`restore` kept: remember the update, set the
         parameters to true + update."""
-        params = [p.detach() for p in self.params]
-        self.delta = torch._foreach_sub(params, self.true)
-        torch._foreach_copy_(self.true, params)
-        torch._foreach_add_(params, self.delta)
+        if self.delta is None:
+            self.delta = [torch.empty_like(t) for t in self.true]
+        for p, t, d in zip(self.params, self.true, self.delta):     # no allocation per step
+            p = p.detach()
+            torch.sub(p, t, out=d)
+            t.copy_(p)
+            p.add_(d)
         self.versions = [p._version for p in self.params]
 
     def drop(self) -> None:
         """Forget the prediction without touching the parameters (their values are the truth now:
         a checkpoint or an elastic commit was loaded into them)."""
         self.versions = None
-        self.delta = None
 
     @contextmanager
     def true_parameters(self):

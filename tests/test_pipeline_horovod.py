@@ -39,6 +39,13 @@ def test_weight_prediction_keeps_a_parameter_set_from_outside_and_needs_pipeline
         assert "needs pipeline=True" in rep["needs_pipeline"], rep["needs_pipeline"]
 
 
+def test_weight_prediction_elastic_commit_holds_the_true_weights(reports):
+    for rep in reports:
+        # TorchState saved inside true_parameters(); two predicted steps later restore() brings back exactly
+        # the true weights of the commit, the prediction is dropped, and training goes on
+        assert rep["elastic_restore"] == {"true_weights": True, "prediction_dropped": True, "steps_after": True}, rep
+
+
 def test_warmup_steps_are_plain_synchronous_then_pipelined_and_compressed(reports):
     for rep in reports:
         w = rep["warmup"]

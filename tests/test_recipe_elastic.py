@@ -44,7 +44,7 @@ def _run_and_kill(corpus, folder: Path, victim: str):
     write_hosts(hosts_file, LOCAL_HOSTS[:3])
     args = overrides(corpus, run, train="train.jsonl", train__epochs=2, train__batch_seconds=20, train__max_batch=1,
                      train__commit_every=COMMIT, train__trace_utterances="true", train__compression="global_qsgd8",
-                     train__pipeline="true", data__dev_subset=2)
+                     train__pipeline="true", train__predict_weights="true", data__dev_subset=2)
     job = ElasticJob([sys.executable, "-m", "asr.train", "--config", CONF, *args], np=3, min_np=2, max_np=3,
                      script=ROOT / "recipes" / "bfa" / "discover_hosts.sh", log=folder / "horovodrun.log",
                      env={"BFA_HOSTS_FILE": str(hosts_file), "HOROVOD_GLOO_TIMEOUT_SECONDS": "10"})

@@ -185,6 +185,23 @@ with opt.skip_synchronize():
     opt.step()
 with opt.true_parameters():
     report["outside_change_kept"] = bool(torch.allclose(w, expected + update, atol=1e-6))
+# An elastic commit inside true_parameters() saves the true weights; restoring it ends the prediction.
+state = hvd.elastic.TorchState(model=model, optimizer=opt)
+with opt.true_parameters():
+    state.save()
+    committed = [p.detach().clone() for p in model.parameters()]
+for t in range(5, 7):
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(batch(R, t)[0]), batch(R, t)[1]).backward()
+    opt.step()
+state.restore()
+report["elastic_restore"] = {"true_weights": all(torch.equal(a, p) for a, p in zip(committed, model.parameters())),
+                             "prediction_dropped": not opt._prediction.active}
+opt.zero_grad(set_to_none=True)
+F.cross_entropy(model(batch(R, 7)[0]), batch(R, 7)[1]).backward()
+opt.step()
+opt.flush()
+report["elastic_restore"]["steps_after"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
 try:
     hx.DistributedOptimizer(torch.optim.SGD(make_model().parameters(), lr=0.1), predict_weights=True)
     report["needs_pipeline"] = "no error"
