@@ -6,6 +6,8 @@ export HX_VENV := $(abspath $(VENV))
 
 # SlowMo, Gossip and top-k's sparse allreduce against fp32 allreduce and allgather top-k, at 4 workers
 ISSUE19 := none,slowmo4,slowmo4-m0.5-a0.5,gossip-ring,gossip-exp,topk0.01,topk0.01-sar
+# What pipelining's one-step staleness costs, and what weight prediction gives back
+PIPE := none,none+pipe,none+pipe+pred,global_qsgd8+pipe,global_qsgd8+pipe+pred
 
 .PHONY: setup test test-fast demo bench-convergence clean
 
@@ -25,6 +27,8 @@ bench-convergence: setup
 	$(PY) -m horovod_ext.bench.convergence --workers 4 --methods $(ISSUE19) --out out/convergence-4w
 	$(PY) -m horovod_ext.bench.convergence --workers 4 --momentum 0.9 --lr 0.05 --methods $(ISSUE19) --out out/convergence-4w-momentum
 	$(PY) -m horovod_ext.bench.convergence --workers 4 --optimizer adam --methods $(ISSUE19) --out out/convergence-4w-adam
+	$(PY) -m horovod_ext.bench.convergence --momentum 0.9 --lr 0.05 --methods $(PIPE) --out out/convergence-pipe-momentum
+	$(PY) -m horovod_ext.bench.convergence --optimizer adam --methods $(PIPE) --out out/convergence-pipe-adam
 
 clean:
 	rm -rf out exp .pytest_cache

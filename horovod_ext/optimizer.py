@@ -653,8 +653,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         if (codec not in (Compression.none, Compression.fp16) or pipeline or warmup_steps or nonfinite
                 or predict_weights):
             raise ValueError("op=hvd.Adasum reduces parameter deltas (Horovod's Adasum optimizer), not gradients: "
-                             "it cannot be combined with hx codecs, pipeline, warmup_steps or nonfinite. Use "
-                             "compression=hx.Compression.none (or fp16) with none of those, or op=hvd.Average")
+                             "it cannot be combined with hx codecs, pipeline, predict_weights, warmup_steps or "
+                             "nonfinite. Use compression=hx.Compression.none (or fp16) with none of those, or "
+                             "op=hvd.Average")
         hvd_compression = hvd.Compression.fp16 if codec is Compression.fp16 else hvd.Compression.none
         return hvd.DistributedOptimizer(optimizer, named_parameters, compression=hvd_compression,
                                         backward_passes_per_step=backward_passes_per_step, op=op,

@@ -4,11 +4,14 @@
     python -m horovod_ext.bench.convergence --momentum 0.9 --lr 0.05 --out out/convergence-momentum
     python -m horovod_ext.bench.convergence --optimizer adam --out out/convergence-adam     # lr 5e-3
     python -m horovod_ext.bench.convergence --methods none,global_qsgd8 --steps 200
+    python -m horovod_ext.bench.convergence --optimizer adam --methods none,none+pipe,none+pipe+pred
 
 One fixed small problem: a 3-layer MLP classifier on 16k synthetic examples labelled by a fixed
 random teacher network with 10% label noise (so the loss has a floor and relative differences are
 meaningful), SGD (plain or with momentum) or Adam, every worker on its own shard. Rank 0 prints a
-table and writes ``results.json`` and ``loss_curves.png``.
+table and writes ``results.json`` and ``loss_curves.png``. A codec spec may end in ``+pipe``
+(``pipeline=True``: every gradient applied one step late) or ``+pipe+pred`` (and
+``predict_weights=True``); those rows have no target, they show what staleness costs.
 
 The final loss is that of rank 0's parameters as they are after the last step, on all 16k examples:
 with DEF (``random_block0.01``, ``topk0.01-def``) that is rank 0's own model x~ - coeff * D(e_0), not
@@ -42,7 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated codec specs (hx.Compression.from_spec) and SlowMo specs (slowmo<tau>"
                         "[-m<slow momentum>][-a<slow lr>][-<codec>], hx.SlowMo.from_spec) and Gossip specs "
-                        "(gossip-ring, gossip-exp[-a<k>], hx.Gossip.from_spec)")
+                        "(gossip-ring, gossip-exp[-a<k>], hx.Gossip.from_spec); a codec spec may end in +pipe "
+                        "(pipelined) or +pipe+pred (pipelined with weight prediction)")
     p.add_argument("--steps", type=int, default=600, help="optimizer steps per method (default 600)")
     p.add_argument("--batch", type=int, default=64, help="examples per worker per step (default 64)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
@@ -57,7 +61,22 @@ def parse_args(argv=None):
         args.lr = DEFAULT_LR[args.optimizer]
     if args.optimizer != "sgd" and args.momentum:
         p.error("--momentum is SGD's; Adam keeps its own moments (betas 0.9, 0.999)")
+    for spec in args.methods.split(","):
+        try:
+            split_spec(spec)
+        except ValueError as e:
+            p.error(f"--methods: {e}")
     return args
+
+
+def split_spec(spec: str) -> tuple[str, dict]:
+    """``codec[+pipe[+pred]]`` -> (codec spec, the optimizer's pipeline/predict_weights arguments)."""
+    base, *flags = spec.split("+")
+    if flags not in ([], ["pipe"], ["pipe", "pred"]):
+        raise ValueError(f"{spec!r}: after the codec spec only '+pipe' or '+pipe+pred' may follow")
+    if flags and base.startswith(("slowmo", "gossip")):
+        raise ValueError(f"{spec!r}: '+pipe' is for codec specs; SlowMo and Gossip rows take none")
+    return base, {"pipeline": "pipe" in flags, "predict_weights": "pred" in flags}
 
 
 def make_problem(seed: int, n: int = 16384, dim: int = 32, classes: int = 10, noise: float = 0.1):
@@ -100,7 +119,9 @@ def run_method(spec: str, args, x, y):
     elif spec.startswith("gossip"):
         opt = hx.Gossip.from_spec(base, model.named_parameters(), spec)
     else:
-        opt = hx.DistributedOptimizer(base, model.named_parameters(), compression=hx.Compression.from_spec(spec))
+        codec, knobs = split_spec(spec)
+        opt = hx.DistributedOptimizer(base, model.named_parameters(), compression=hx.Compression.from_spec(codec),
+                                      **knobs)
     shard_x, shard_y = x[rank::size], y[rank::size]
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)
     curve = []
