@@ -3,7 +3,8 @@
 ``asr.train`` on the cpu-tiny config under ``horovodrun -np 3 --min-np 2 --max-np 3
 --host-discovery-script recipes/bfa/discover_hosts.sh`` (HOROVOD_ELASTIC=1 switches the elastic mode on; one local host name per
 worker, see tests/elastic_harness.py), one utterance per batch so an epoch has 7 steps on 3
-workers. The test SIGKILLs the worker of rank 0 (or of another rank) once the utterance trace shows it
+workers; Global-QSGD 8-bit, pipelined with weight prediction, so its commits run inside
+``true_parameters()``. The test SIGKILLs the worker of rank 0 (or of another rank) once the utterance trace shows it
 in the middle of epoch 0; training goes on with 2 workers and ends. Checked: the log's reset record, epoch records
 with every training utterance counted once in committed steps, the utterance trace (none missing,
 at most commit_every x 3 batches trained twice), checkpoints and DONE.
