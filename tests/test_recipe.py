@@ -127,14 +127,15 @@ def test_resume_gives_the_same_next_loss(corpus, tmp_path):
     assert part_steps == full_steps                            # and every one after it
 
 
-@pytest.mark.parametrize("codec", ["none", "global_qsgd8+pipe", "slowmo2", "gossip-exp"])
+@pytest.mark.parametrize("codec", ["none", "global_qsgd8+pipe", "global_qsgd8+pipe+pred", "slowmo2", "gossip-exp"])
 def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corpus, tmp_path, codec):
     """Issue 14: a 2-worker --resume used to hang. Now the steps after resuming from an epoch
     checkpoint have exactly the losses of the uninterrupted run (fusion off: Horovod's sums are then
     deterministic), codec state included; and a corrupt audio file in the training manifest is
     skipped, counted and logged without desynchronizing the workers. Issue 19: the same for SlowMo
     (local Adam steps, an average every 2) and Gossip (SGP): the epoch's end flushes into an exact
-    average, which the checkpoint holds."""
+    average, which the checkpoint holds. Issue 15: the same pipelined with weight prediction (the
+    checkpoint holds the true weights, not the predicted ones)."""
     rows = [json.loads(x) for x in (corpus / "train.jsonl").read_text().splitlines()]
     (corpus / "corrupt.flac").write_bytes(b"fLaC" + bytes(200))
     rows[3] = dict(rows[3], audio_filepath="corrupt.flac")
@@ -142,10 +143,13 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     full, part = tmp_path / "full", tmp_path / "part"
     averaging = codec.split("-")[0].rstrip("0123456789") if codec.startswith(("slowmo", "gossip")) else None
     extra = dict(train__batch_seconds=20, data__dev_subset=2, train__compression="none" if averaging else codec.split("+")[0],
-                 train__pipeline=str(codec.endswith("+pipe")).lower(), **({f"train__{averaging}": codec} if averaging else {}))
+                 train__pipeline=str("+pipe" in codec).lower(), train__predict_weights=str(codec.endswith("+pred")).lower(),
+                 **({f"train__{averaging}": codec} if averaging else {}))
     env = {"HOROVOD_FUSION_THRESHOLD": "0"}
     proc = train(overrides(corpus, full, train="train_bad.jsonl", train__epochs=2, **extra), np_=2, env=env)
     assert "corrupt.flac" in proc.stdout + proc.stderr        # the skip names the file
+    start = next(r for r in log_records(full) if r["event"] == "start")
+    assert start["pipeline"] == ("+pipe" in codec) and start.get("predict_weights", False) == codec.endswith("+pred")
     epochs = [r for r in log_records(full) if r["event"] == "epoch"]
     # Once per epoch in which its batch is dealt (the batches that do not divide evenly are dropped).
     skipped = [e["skipped_utterances"] for e in epochs]
