@@ -165,8 +165,13 @@ class Trainer:
                                           size, self.rank, seed=cfg.train.seed, pad=elastic,
                                           match_lengths=cfg.train.match_lengths,
                                           short_first_epochs=cfg.train.short_first_epochs)
+        # The loader draws its workers' base seed from its own generator, never from torch's global one: that
+        # one drives dropout, seeded per epoch (train_epoch), and a persistent-worker loader draws only when it
+        # starts its workers, so a resumed run (workers started at its first epoch) would see other dropout
+        # masks than the uninterrupted run (workers started at epoch 0) and not resume exactly.
         self.loader = DataLoader(self.train_set, batch_sampler=self.sampler, collate_fn=collate,
-                                 num_workers=cfg.train.loader_workers, persistent_workers=cfg.train.loader_workers > 0)
+                                 num_workers=cfg.train.loader_workers, persistent_workers=cfg.train.loader_workers > 0,
+                                 generator=torch.Generator().manual_seed(cfg.train.seed * 1000 + 7 + self.rank))
 
         self.model_cfg = model_config(cfg.model, self.tok.vocab_size, norm.settings.n_mels)
         torch.manual_seed(cfg.train.seed)

@@ -135,7 +135,8 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     skipped, counted and logged without desynchronizing the workers. Issue 19: the same for SlowMo
     (local Adam steps, an average every 2) and Gossip (SGP): the epoch's end flushes into an exact
     average, which the checkpoint holds. Issue 15: the same pipelined with weight prediction (the
-    checkpoint holds the true weights, not the predicted ones)."""
+    checkpoint holds the true weights, not the predicted ones), with dropout and a persistent loader
+    worker, whose start used to draw from the RNG that dropout uses, so resumed dropout masks differed."""
     rows = [json.loads(x) for x in (corpus / "train.jsonl").read_text().splitlines()]
     (corpus / "corrupt.flac").write_bytes(b"fLaC" + bytes(200))
     rows[3] = dict(rows[3], audio_filepath="corrupt.flac")
@@ -145,6 +146,8 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     extra = dict(train__batch_seconds=20, data__dev_subset=2, train__compression="none" if averaging else codec.split("+")[0],
                  train__pipeline=str("+pipe" in codec).lower(), train__predict_weights=str(codec.endswith("+pred")).lower(),
                  **({f"train__{averaging}": codec} if averaging else {}))
+    if codec.endswith("+pred"):     # as the recipe trains: dropout, and a persistent loader worker
+        extra.update(model__dropout=0.1, train__loader_workers=1)
     env = {"HOROVOD_FUSION_THRESHOLD": "0"}
     proc = train(overrides(corpus, full, train="train_bad.jsonl", train__epochs=2, **extra), np_=2, env=env)
     assert "corrupt.flac" in proc.stdout + proc.stderr        # the skip names the file
