@@ -26,11 +26,14 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 T0=$(date +%s)
+exp=exp/demo                    # where stage 2-3 write; an --exp among the extra arguments overrides it
+args=("$@")
+for ((i = 0; i + 1 < ${#args[@]}; i++)); do [ "${args[i]}" = --exp ] && exp=${args[i+1]}; done
 bash recipes/bfa/run.sh --conf recipes/bfa/conf/cpu-small.yaml --size small --limit 2500 --vocab 300 \
   --workers 2 --exp exp/demo --lm-extra 20000 --lm-minutes 1 --room-epochs 12 --eval-limit 100 "$@" -- \
   train.max_minutes="${DEMO_MINUTES:-7}" train.pipeline=false train.cycle_time_ms=2 decode.beam=1 data.dev_subset=100
-if [ -f exp/demo/wer_per_epoch.json ] && [ "$(stat -c %Y exp/demo/wer_per_epoch.json)" -ge "$T0" ]; then
-  echo "[demo] finished in $(( $(date +%s) - T0 )) s: exp/demo/train_log.jsonl, exp/demo/wer_per_epoch.{json,png}"
+if [ -f "$exp/wer_per_epoch.json" ] && [ "$(stat -c %Y "$exp/wer_per_epoch.json")" -ge "$T0" ]; then
+  echo "[demo] finished in $(( $(date +%s) - T0 )) s: $exp/train_log.jsonl, $exp/wer_per_epoch.{json,png}"
 else   # stopped before stage 3 (e.g. --stop-stage 1): no new results to point at
   echo "[demo] finished in $(( $(date +%s) - T0 )) s (stopped before stage 3: no new WER results)"
 fi
