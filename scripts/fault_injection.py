@@ -1,9 +1,16 @@
 """Experiment: kill -9 a worker of a real 2-worker recipe run at random moments, resume, and compare.
 
     .venv/bin/python scripts/fault_injection.py --out out/faults --kills 5 --codec global_qsgd8 --pipeline
+    .venv/bin/python scripts/fault_injection.py --out out/faults --conf recipes/bfa/conf/cpu-small.yaml \
+        --set train.max_steps=1000 --kills 3 --epochs 4
+
+``--conf`` trains another recipe config on the same corpus (cpu-small: dropout, a persistent loader worker,
+augmentation, pipelining with weight prediction, as the recipe trains), ``--set key=value`` adds overrides. A
+config whose schedule runs to a time budget (cpu-small's train.max_minutes) sets its learning rate from the wall
+clock, so no two runs are equal: give it a step budget (train.max_steps) instead.
 
 1. builds a tiny synthesized corpus (asr-prep synth --size tiny), a tokenizer and feature statistics;
-2. trains the cpu-tiny BFA uninterrupted for ``--epochs`` epochs under ``horovodrun -np 2`` (Horovod
+2. trains the cpu-tiny BFA (or ``--conf``) uninterrupted for ``--epochs`` epochs under ``horovodrun -np 2`` (Horovod
    fusion off, so sums are deterministic);
 3. trains the same run again, but SIGKILLs one worker (a random rank) at a random moment, ``--kills``
    times, each time restarting the job with ``--resume`` (it resumes from the last epoch checkpoint);
@@ -48,9 +55,9 @@ def command(c: Path, run: Path, args) -> list[str]:
     over = [f"data.train={c / 'train.jsonl'}", f"data.dev={c / 'dev.jsonl'}", "data.dev_subset=4",
             f"data.tokenizer={c / 'tok' / 'tokenizer.model'}", f"data.stats={c / 'stats' / 'feature_stats.json'}",
             f"train.out_dir={run}", "train.log_every=1", f"train.epochs={args.epochs}", "train.batch_seconds=10",
-            f"train.compression={args.codec}", f"train.pipeline={str(args.pipeline).lower()}"]
+            f"train.compression={args.codec}", *(["train.pipeline=true"] if args.pipeline else []), *args.set]
     return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "asr.train",
-            "--config", str(ROOT / "recipes" / "bfa" / "conf" / "cpu-tiny.yaml"), "--resume", *over]
+            "--config", str(args.conf), "--resume", *over]
 
 
 def env():
@@ -109,13 +116,19 @@ def main(argv=None) -> int:
     p.add_argument("--kills", type=int, default=5)
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--codec", default="global_qsgd8")
-    p.add_argument("--pipeline", action="store_true")
+    p.add_argument("--pipeline", action="store_true", help="train.pipeline=true (else the config's value)")
+    p.add_argument("--conf", type=Path, default=ROOT / "recipes" / "bfa" / "conf" / "cpu-tiny.yaml",
+                   help="the recipe config to train (default cpu-tiny)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an asr.train override after the script's own (repeatable)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     c = corpus(args.out)
     tag = f"{args.codec}{'+pipe' if args.pipeline else ''}"
+    if args.conf.stem != "cpu-tiny" or args.set:
+        tag = "_".join([args.conf.stem, tag, *(kv.replace("=", "-") for kv in args.set)])
     ref, hurt = args.out / f"ref_{tag}", args.out / f"killed_{tag}"
     for d in (ref, hurt):
         subprocess.run(["rm", "-rf", str(d)])
