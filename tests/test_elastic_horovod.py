@@ -23,7 +23,7 @@ pytestmark = pytest.mark.horovod
 VICTIM = LOCAL_HOSTS[2]
 
 
-@pytest.mark.parametrize("codec,pipe", [("global_qsgd8", "pipe"), ("topk0.1", "sync")])
+@pytest.mark.parametrize("codec,pipe", [("global_qsgd8", "pipe"), ("topk0.1-ef", "sync")])
 def test_worker_lost_and_added_back(tmp_path, codec, pipe):
     hosts = LOCAL_HOSTS[:3]
     script, hosts_file = discovery(tmp_path / "disc", hosts)

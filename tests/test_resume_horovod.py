@@ -29,6 +29,6 @@ def test_codec_state_is_in_the_checkpoint_and_reshards_by_the_rule(reports, scen
     for rep in reports:
         r = rep[scenario]
         assert r["has_residual"] == ("topk" in scenario or "random_block" in scenario)
-        assert r["has_synced"] == ("random_block" in scenario)
+        assert r["has_synced"] == ("-def" in scenario)
         assert r["has_dither"] == ("global_qsgd" in scenario)
         assert r["reshard_warned"] and r["reshard_mean_ok"]

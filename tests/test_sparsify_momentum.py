@@ -157,16 +157,20 @@ def test_nonfinite_input_selects_as_torch_topk():
 
 # ---- DEF in the optimizer's units ------------------------------------------------------------------------
 def test_labels():
-    assert TopK(0.01, detached=True).label == "topk0.01-def"
-    assert TopK(0.01, detached=True, coeff=0.5).label == "topk0.01-def-c0.5"
-    assert TopK(0.01).label == "topk0.01" and not TopK(0.01).detached
+    assert TopK(0.01).label == "topk0.01" and TopK(0.01).detached             # DEF by default
+    assert TopK(0.01, coeff=0.5).label == "topk0.01-c0.5"
+    assert TopK(0.01, detached=False).label == "topk0.01-ef" and not TopK(0.01, detached=False).detached
+    assert TopK(0.01, error_feedback=False).label == "topk0.01-noef" and not TopK(0.01, error_feedback=False).detached
     assert TopK(0.01, detached=True, error_feedback=False).error_feedback      # DEF is error feedback
 
 
 def test_benchmark_builds_topk_def():
     from horovod_ext import Compression
-    c = Compression.from_spec("topk0.01-imp-def-c0.5")
+    c = Compression.from_spec("topk0.01-imp-c0.5")
     assert isinstance(c, TopK) and c.detached and c.importance and c.coeff == 0.5
+    assert vars(Compression.from_spec("topk0.01-imp-def-c0.5")) == vars(c)     # -def: the default, still accepted
+    ef = Compression.from_spec("topk0.01-ef")
+    assert not ef.detached and ef.error_feedback and ef.label == "topk0.01-ef"
     with pytest.raises(ValueError):
         Compression.from_spec("topk0.01-bogus")
 

@@ -314,17 +314,17 @@ class TopK(_Detached, Compressor):
     TRANSPORTS = ("allgather", "sparse_allreduce")
 
     def __init__(self, ratio: float, importance: bool = False, error_feedback: bool = True,
-                 detached: bool = False, coeff: float = 0.3, transport: str = "allgather"):
+                 detached: bool | None = None, coeff: float = 0.3, transport: str = "allgather"):
         if transport not in self.TRANSPORTS:
             raise ValueError(f"topk transport must be one of {self.TRANSPORTS}, got {transport!r}")
         self.transport = transport
         self.ratio = _check_ratio("topk", ratio)
         self.importance = importance
-        self.detached = bool(detached)
+        self.detached = bool(error_feedback if detached is None else detached)    # DEF unless told otherwise
         self.error_feedback = error_feedback or self.detached
         self.coeff = float(coeff)
         self.label = (f"topk{self.ratio:g}" + ("-imp" if importance else "")
-                      + ("-def" if self.detached else "" if self.error_feedback else "-noef")
+                      + ("" if self.detached else "-ef" if self.error_feedback else "-noef")
                       + (f"-c{self.coeff:g}" if self.detached and self.coeff != 0.3 else "")
                       + ("-sar" if transport == "sparse_allreduce" else ""))
         self._select = "auto"       # topk_indices' method ("full": the plain torch.topk; benchmarks)

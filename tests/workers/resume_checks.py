@@ -24,8 +24,8 @@ SCENARIOS = {
     "none": dict(compression="none"),
     "global_qsgd8+pipe": dict(compression="global_qsgd8", pipeline=True),
     "global_qsgd8+pipe+warmup3": dict(compression="global_qsgd8", pipeline=True, warmup_steps=3),
-    "topk0.05-ef": dict(compression="topk0.05"),
-    "topk0.05-ef+pipe": dict(compression="topk0.05", pipeline=True),
+    "topk0.05-ef": dict(compression="topk0.05-ef"),
+    "topk0.05-def+pipe": dict(compression="topk0.05", pipeline=True),       # DEF: top-k's default
     "random_block0.05-def": dict(compression="random_block0.05"),
     "random_block0.05-def+pipe": dict(compression="random_block0.05", pipeline=True),
 }
