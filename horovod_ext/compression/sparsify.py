@@ -15,7 +15,7 @@ gradient, so nothing is lost: sum of applied updates + residual = sum of raw gra
   ``detached=True`` this is DEF (Xu & Huang, ICML 2022): the optimizer updates a synchronized
   copy of the model, x~, with the averaged blocks, and the model used for the next gradient is
   x = x~ - coeff * D(e), the residual "detached" from the update; ``detached=False`` is classic
-  error feedback. ``TopK(detached=True)`` is the same DEF for top-k.
+  error feedback. ``TopK`` uses the same DEF by default (``detached=False``: classic error feedback).
 
 DEF and the wrapped optimizer. D(e) is the displacement the wrapped optimizer makes for a gradient
 mass e (read from the parameter's param group in the step hooks), so that coeff keeps one meaning:
