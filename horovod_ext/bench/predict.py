@@ -279,10 +279,12 @@ def plot(rows: list[dict], path: str, title: str) -> None:
         ax.set_xlabel("workers")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("scaling efficiency, % (compute / step)")
-    axes[-1].legend(fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+               title="a line ends where Global-QSGD's lanes run out", title_fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
