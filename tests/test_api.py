@@ -45,7 +45,8 @@ def test_every_label_parses_back_to_the_same_codec(codec):
     ("fp16-x", "takes no options"), ("bf16-b4", "takes no options"),
     ("global_qsgd8-bx", "'x' is not a valid value"), ("global_qsgd8-tensor-b4", "give one"),
     ("random_block0.1-ef-noef", "at most one of"), ("random_block0.1-q", "valid options: -def, -ef, -noef"),
-    ("topkabc", "expected -OPTION"), ("topk0.01-def-noef", "at most one of"), ("topk0.01-ef-c0.5", "cannot go with -ef")])
+    ("topkabc", "expected -OPTION"), ("topk0.01-def-noef", "at most one of"), ("topk0.01-ef-c0.5", "cannot go with -ef"),
+    ("random_block0.01-noef-c0.5", "cannot go with -ef or -noef")])
 def test_every_option_is_checked(spec, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         hx.Compression.from_spec(spec)

@@ -133,24 +133,29 @@ def _global_qsgd(spec, body, flags):
                                    bucket=0 if o.get("tensor") else o.get("b", 512))
 
 
-def _topk(spec, body, flags):
-    o = _options(spec, flags, {"imp": None, "def": None, "ef": None, "noef": None, "c": float, "sar": None})
+def _feedback(spec: str, o: dict) -> dict:
+    """The sparsifiers' residual options: DEF by default, ``-ef`` classic error feedback, ``-noef`` none (``-def``
+    is accepted and changes nothing); ``-cX`` is DEF's coefficient and cannot go with the other two."""
     if sum(k in o for k in ("def", "ef", "noef")) > 1:
         raise ValueError(f"compression {spec!r}: give at most one of -def, -ef, -noef")
     if "c" in o and ("ef" in o or "noef" in o):
         raise ValueError(f"compression {spec!r}: -cX is DEF's coefficient; it cannot go with -ef or -noef")
+    return {"detached": not (o.get("ef") or o.get("noef")), "error_feedback": not o.get("noef"),
+            "coeff": o.get("c", 0.3)}
+
+
+_FEEDBACK_OPTIONS = {"def": None, "ef": None, "noef": None, "c": float}
+
+
+def _topk(spec, body, flags):
+    o = _options(spec, flags, {"imp": None, **_FEEDBACK_OPTIONS, "sar": None})
     return Compression.topk(_number("ratio", spec, body, 0.01), importance=bool(o.get("imp")),
-                            error_feedback=not o.get("noef"), detached=not (o.get("ef") or o.get("noef")),
-                            coeff=o.get("c", 0.3),
-                            transport="sparse_allreduce" if o.get("sar") else "allgather")
+                            transport="sparse_allreduce" if o.get("sar") else "allgather", **_feedback(spec, o))
 
 
 def _random_block(spec, body, flags):
-    o = _options(spec, flags, {"def": None, "ef": None, "noef": None, "c": float, "s": int})
-    if sum(k in o for k in ("def", "ef", "noef")) > 1:
-        raise ValueError(f"compression {spec!r}: give at most one of -def, -ef, -noef")
-    return Compression.random_block(_number("ratio", spec, body, 0.01), detached=not (o.get("ef") or o.get("noef")),
-                                    coeff=o.get("c", 0.3), seed=o.get("s", 0), error_feedback=not o.get("noef"))
+    o = _options(spec, flags, {**_FEEDBACK_OPTIONS, "s": int})
+    return Compression.random_block(_number("ratio", spec, body, 0.01), seed=o.get("s", 0), **_feedback(spec, o))
 
 
 def _powersgd(spec, body, flags):
