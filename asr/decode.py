@@ -58,6 +58,20 @@ def ctc_greedy(model: BFA, feats, feat_lengths, encoded=None) -> list[list[int]]
     return hyps
 
 
+def utterance_ctc_log_probs(model: BFA, dataset):
+    """(index, dataset item, CTC log-probabilities [T, V+1]) for each usable utterance of ``dataset`` (an
+    asr.loader.SpeechDataset), one at a time, without gradients: what external CTC decoders read."""
+    from .loader import SkippedItem
+    with torch.no_grad():
+        for i in range(len(dataset)):
+            item = dataset[i]
+            if isinstance(item, SkippedItem):
+                continue
+            feats = item[1]
+            enc, enc_len = model.encode(feats[None], torch.tensor([feats.shape[0]]))
+            yield i, item, F.log_softmax(model.ctc_head(enc[0, :int(enc_len[0])]), dim=-1)
+
+
 def _select(state, idx):
     out = {}
     for k, v in state.items():

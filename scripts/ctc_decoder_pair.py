@@ -136,9 +136,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"ctc_decoder_pair: torchaudio's CTC decoder is not usable ({e}); "
                          f"install it with: .venv/bin/pip install flashlight-text")
 
-    from asr.decode import _PieceLMForFlashlight
+    from asr.decode import _PieceLMForFlashlight, utterance_ctc_log_probs
     from asr.evaluate import load_checkpoint
-    from asr.loader import SkippedItem, SpeechDataset
+    from asr.loader import SpeechDataset
     from asr.metrics import corpus_errors
     from asr.models.rnnlm import load_lm
 
@@ -157,17 +157,9 @@ def main(argv=None) -> int:
 
     # CTC log-probabilities once per utterance; the dummy silence column (never emitted) is flashlight's sil_token.
     V, blank = model.config.vocab_size, model.config.eos
-    utts, skipped, t0 = [], 0, time.perf_counter()
-    with torch.no_grad():
-        for i in range(len(ds)):
-            item = ds[i]
-            if isinstance(item, SkippedItem):
-                skipped += 1
-                continue
-            feats = item[1]
-            enc, enc_len = model.encode(feats[None], torch.tensor([feats.shape[0]]))
-            logp = F.log_softmax(model.ctc_head(enc[0, :int(enc_len[0])]), dim=-1)
-            utts.append((item[3], logp))
+    t0 = time.perf_counter()
+    utts = [(item[3], logp) for _, item, logp in utterance_ctc_log_probs(model, ds)]
+    skipped = len(ds) - len(utts)
     encode_s = (time.perf_counter() - t0) / max(len(utts), 1)
     pieces = [tok.sp.id_to_piece(i) for i in range(V)]
     tokens = pieces + ["<ctc_blank>", "<ctc_sil>"]

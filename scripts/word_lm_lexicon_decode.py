@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -57,7 +56,8 @@ def main(argv=None) -> int:
     from torchaudio.models.decoder import ctc_decoder
 
     from asr.evaluate import load_checkpoint
-    from asr.loader import SkippedItem, SpeechDataset
+    from asr.decode import utterance_ctc_log_probs
+    from asr.loader import SpeechDataset
     from asr.metrics import corpus_errors
 
     model, tok, norm, _ = load_checkpoint(args.checkpoint)
@@ -79,15 +79,9 @@ def main(argv=None) -> int:
         if limit:
             ds.entries = ds.entries[:limit]
         out = []
-        with torch.no_grad():
-            for i in range(len(ds)):
-                item = ds[i]
-                if isinstance(item, SkippedItem):
-                    continue
-                enc, enc_len = model.encode(item[1][None], torch.tensor([item[1].shape[0]]))
-                logp = F.log_softmax(model.ctc_head(enc[0, :int(enc_len[0])]), dim=-1)
-                em = torch.cat([logp, torch.full((logp.shape[0], 1), -1e4)], 1).float().contiguous()[None]
-                out.append((item[3], em, ds.entries[i].get("domain")))
+        for i, item, logp in utterance_ctc_log_probs(model, ds):
+            em = torch.cat([logp, torch.full((logp.shape[0], 1), -1e4)], 1).float().contiguous()[None]
+            out.append((item[3], em, ds.entries[i].get("domain")))
         return out
 
     def decode(utts, lm_weight, word_score):
