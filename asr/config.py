@@ -35,6 +35,7 @@ class DataConfig:
     cmvn: str = "global"                # feature normalization: "global" (corpus statistics) or "utterance"
     dev_subset: int = 200               # dev utterances decoded for the per-epoch WER (0: all)
     feature_cache: str = "auto"         # clean spectrograms kept on disk (asr.frontend.cache): auto | off | FOLDER
+    lexicon: str = ""                   # asr-prep lexicon folder: the phone CTC head's targets (model.phone_ctc_weight)
 
 
 @dataclass
@@ -153,6 +154,17 @@ class DecodeConfig:
     tune_ctc_weights: list = field(default_factory=lambda: [0.1, 0.2, 0.35, 0.5, 0.7])
     tune_lm_weights: list = field(default_factory=lambda: [0.1, 0.2, 0.3])
     tune_length_bonuses: list = field(default_factory=lambda: [0.0, 1.0, 2.0])
+    # asr-eval --method lexicon (a model with a phone CTC head): the phone posteriors searched over the words of
+    # data.lexicon with the word n-gram LM ``ngram`` (asr-prep ngram), torchaudio's lexicon decoder.
+    ngram: str = ""                     # word n-gram LM (KenLM binary); "": the lexicon alone
+    lexicon_beam: int = 50
+    lexicon_lm_weight: float = 1.5
+    word_score: float = 0.0
+    tune_ngram_weights: list = field(default_factory=lambda: [0.5, 1.0, 1.5, 2.5])
+    lexicon_nbest: int = 10             # hypotheses the word-piece heads rescore (lexicon_rescore_weight > 0)
+    lexicon_rescore_weight: float = 0.0 # their weight: score + w x (log P_att + log P_ctc) of the words' pieces
+    tune_word_scores: list = field(default_factory=lambda: [-1.0, 0.0, 1.0, 2.0])
+    tune_rescore_weights: list = field(default_factory=lambda: [0.0, 0.1, 0.2, 0.4])
 
     def __post_init__(self):
         from .decode import METHODS

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -90,9 +91,9 @@ def ctc_score(model: BFA, enc, enc_length, hyps: list[list[int]]) -> list[float]
     lp = F.log_softmax(model.ctc_head(enc[:1, :enc_length]), dim=-1)     # [1, T, V+1]
     n = len(hyps)
     lp = lp.expand(n, -1, -1).transpose(0, 1)
-    lens = torch.tensor([max(len(h), 1) for h in hyps])
-    targets = torch.tensor([t for h in hyps for t in (h or [0])])
-    nll = F.ctc_loss(lp, targets, torch.full((n,), int(enc_length)), lens, blank=model.config.eos,
+    lens = torch.tensor([max(len(h), 1) for h in hyps], device=lp.device)
+    targets = torch.tensor([t for h in hyps for t in (h or [0])], device=lp.device)
+    nll = F.ctc_loss(lp, targets, torch.full((n,), int(enc_length), device=lp.device), lens, blank=model.config.eos,
                      reduction="none", zero_infinity=True)
     return [-float(x) for x in nll]
 
@@ -162,8 +163,9 @@ def attention_score(model: BFA, enc, enc_length, hyps: list[list[int]]) -> list[
         tin[i, 1:len(h) + 1] = torch.tensor(h, dtype=torch.long)
         tout[i, :len(h)] = torch.tensor(h, dtype=torch.long)
         tout[i, len(h)] = eos
+    tin, tout = tin.to(enc.device), tout.to(enc.device)
     enc = enc[:1, :enc_length].expand(n, -1, -1)
-    logp = F.log_softmax(model.decoder(enc, torch.full((n,), int(enc_length)), tin), dim=-1)
+    logp = F.log_softmax(model.decoder(enc, torch.full((n,), int(enc_length), device=enc.device), tin), dim=-1)
     picked = logp.gather(-1, tout.clamp_min(0)[..., None])[..., 0] * (tout >= 0)
     return picked.sum(-1).tolist()
 
@@ -434,14 +436,69 @@ def joint_beam_search(model: BFA, feats, feat_lengths, beam: int = 8, ctc_weight
                          length_bonus, max_ratio)[0][0] for b in range(enc_all.shape[0])]
 
 
-METHODS = ("attention", "ctc", "ctc_beam", "joint")
+class LexiconDecoder:
+    """Phone CTC posteriors -> words (``--method lexicon``): torchaudio's lexicon-constrained CTC beam search
+    (flashlight-text) over the words of an ``asr-prep lexicon`` folder, fused with a word n-gram LM (KenLM, from
+    ``asr-prep ngram``) at ``lm_weight`` plus ``word_score`` per word. Every output is a word of the lexicon, and an
+    unseen word is found from its phones, which the model has heard in other words."""
+
+    def __init__(self, lexicon_dir, ngram=None, lm_weight: float = 1.5, word_score: float = 0.0, beam: int = 50,
+                 phone_vocab: int | None = None, nbest: int = 1):
+        from torchaudio.models.decoder import ctc_decoder
+        from .data.lexicon import Lexicon, LexiconError
+        lex = Lexicon(lexicon_dir)
+        if phone_vocab is not None and len(lex) != phone_vocab:
+            raise LexiconError(f"{lex.folder}: {len(lex)} phones, but the model's phone head has {phone_vocab}: "
+                               f"decode with the lexicon the model was trained with (its data.lexicon)")
+        if ngram is not None and not Path(ngram).is_file():
+            raise FileNotFoundError(f"{ngram}: word n-gram LM not found (build it with asr-prep ngram)")
+        self.vocab = len(lex)
+        # blank = the model's phone_vocab; "|" is the word boundary flashlight asks for, never emitted (its
+        # posterior is set to -1e4): words follow each other directly, as the phones do.
+        self.decoder = ctc_decoder(lexicon=str(lex.folder / "lexicon.txt"), tokens=lex.phones + ["<blank>", "|"],
+                                   lm=str(ngram) if ngram else None, nbest=nbest, beam_size=beam,
+                                   beam_size_token=len(lex) + 2, beam_threshold=25.0, lm_weight=lm_weight,
+                                   word_score=word_score, unk_word="<unk>", sil_score=0.0, log_add=False,
+                                   blank_token="<blank>", sil_token="|")
+
+    def nbest(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[tuple[str, float]]]:
+        """log_probs [B, T, phone_vocab + 1] (blank last), lengths [B] -> per utterance the n-best (words, score),
+        best first (the score: phone log-probabilities + lm_weight x n-gram + word_score per word)."""
+        B, T, _ = log_probs.shape
+        em = torch.cat([log_probs.float().cpu(), torch.full((B, T, 1), -1e4)], dim=-1).contiguous()
+        results = self.decoder(em, lengths.to(torch.int32).cpu())
+        return [[(" ".join(h.words), float(h.score)) for h in r] or [("", 0.0)] for r in results]
+
+    def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+        """The best word string per utterance."""
+        return [nb[0][0] for nb in self.nbest(log_probs, lengths)]
+
+
+@torch.no_grad()
+def rescore_lexicon_nbest(model: BFA, tok, enc, enc_lengths, nbest: list[list[tuple[str, float]]],
+                          weight: float) -> list[str]:
+    """Each utterance's lexicon n-best rescored with the word-piece heads: score + weight x (log P_att + log P_ctc)
+    of the words' pieces. The phone path finds words the word pieces never learned; the word pieces still know
+    the frequent words and their order, and hear them in noise."""
+    out = []
+    for b, hyps in enumerate(nbest):
+        T = int(enc_lengths[b])
+        pieces = [tok.encode(words) for words, _ in hyps]
+        att = attention_score(model, enc[b:b + 1], T, pieces)
+        ctc = ctc_score(model, enc[b:b + 1], T, pieces)
+        totals = [s + weight * (a + c) for (_, s), a, c in zip(hyps, att, ctc)]
+        out.append(hyps[max(range(len(hyps)), key=totals.__getitem__)][0])
+    return out
+
+
+METHODS = ("attention", "ctc", "ctc_beam", "joint", "lexicon")
 
 
 @torch.no_grad()
 def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: int = 1, ctc_weight: float = 0.0,
                     lm=None, lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0,
                     max_ratio: float = 1.0, batch_seconds: float = 120.0, shard: tuple[int, int] = (0, 1), progress: str = "",
-                    device=None) -> dict[str, list[dict]]:
+                    device=None, lexicon_decoder=None) -> dict[str, list[dict]]:
     """Decode every utterance of ``dataset`` (this worker's ``shard`` = (rank, size) of its length-sorted
     batches) with each of ``methods``; return per method the rows ``{"id", "ref", "hyp"}``.
 
@@ -452,8 +509,9 @@ def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: i
     best path; ``ctc_beam`` the CTC prefix beam search with optional LM fusion and attention
     rescoring; ``joint`` the joint CTC/attention beam search (``ctc_weight`` is then CTC's weight in the
     search, ``lm``/``lm_weight``/``length_bonus`` as for ``ctc_beam``; at most ``max_ratio`` x encoder
-    frames pieces). An utterance whose audio could not be read gets an empty hypothesis (all its words are
-    errors) and a ``skipped`` reason."""
+    frames pieces); ``lexicon`` the phone head's posteriors through ``lexicon_decoder`` (a
+    :class:`LexiconDecoder`), its n-best rescored by the word-piece heads at ``att_weight`` (0: not rescored). An utterance whose audio could not be read gets an empty hypothesis (all its words
+    are errors) and a ``skipped`` reason."""
     from tqdm import tqdm
     from .loader import collate, eval_batches
     unknown = [m for m in methods if m not in METHODS]
@@ -461,6 +519,9 @@ def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: i
         raise ValueError(f"unknown decoding method(s) {unknown}; expected {METHODS}")
     if model.ctc_head is None and ({"ctc", "ctc_beam"} & set(methods) or "joint" in methods and ctc_weight > 0):
         raise ValueError("CTC decoding needs a model trained with a CTC head (model.ctc_weight > 0)")
+    if "lexicon" in methods and (model.phone_head is None or lexicon_decoder is None):
+        raise ValueError("--method lexicon needs a model trained with a phone CTC head (model.phone_ctc_weight > 0) "
+                         "and a lexicon decoder (asr.decode.LexiconDecoder)")
     device = device if device is not None else next(model.parameters()).device
     one_by_one = "attention" in methods and beam > 1           # beam search decodes one utterance at a time
     batches = eval_batches(dataset.durations, 1e-9 if one_by_one else batch_seconds, max_batch=1 if one_by_one else 64)
@@ -479,6 +540,12 @@ def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: i
         feats, flen = batch.feats.to(device), batch.flen
         encoded = model.encode(feats, flen)
         for m in methods:
+            if m == "lexicon":
+                nbest = lexicon_decoder.nbest(*model.phone_log_probs(*encoded))
+                words = (rescore_lexicon_nbest(model, tok, *encoded, nbest, att_weight) if att_weight > 0
+                         else [nb[0][0] for nb in nbest])
+                rows[m] += [{"id": i, "ref": r, "hyp": h} for i, r, h in zip(batch.ids, batch.texts, words)]
+                continue
             if m == "ctc":
                 hyps = ctc_greedy(model, feats, flen, encoded=encoded)
             elif m == "joint":

@@ -41,7 +41,9 @@ def parse_args(argv=None):
                    help="joint: joint CTC/attention beam search with CTC prefix scores inside the search (--ctc-weight; "
                         "optional LM fusion, --lm); attention: the decoder alone (greedy or beam, optional CTC "
                         "rescoring); ctc: best path of the CTC head (no decoder); ctc_beam: CTC prefix beam search with "
-                        "optional LM fusion (--lm), the n-best rescored by the attention decoder (--att-weight). "
+                        "optional LM fusion (--lm), the n-best rescored by the attention decoder (--att-weight); "
+                        "lexicon: the phone CTC head's posteriors searched over the words of a pronunciation lexicon "
+                        "with a word n-gram LM (--ngram; a model trained with model.phone_ctc_weight > 0). "
                         "Default: the checkpoint's decode.method (joint; attention without a CTC head). Per-epoch "
                         "results of each method are kept apart (NAME, NAME.ctc, NAME.joint, NAME.joint_lm, ...)")
     # Every decoding default is the checkpoint's config decode section (asr.config.DecodeConfig).
@@ -52,7 +54,12 @@ def parse_args(argv=None):
                         "0 = attention only, 1 = CTC only (default: decode.joint_ctc_weight, with --lm "
                         "decode.joint_ctc_weight_lm)")
     p.add_argument("--lm", help="ctc_beam, joint: language model from asr-lm (OUT/lm.pt) for shallow fusion")
-    p.add_argument("--lm-weight", type=float, help="LM weight (default: decode.lm_weight; joint: decode.joint_lm_weight)")
+    p.add_argument("--lm-weight", type=float, help="LM weight (default: decode.lm_weight; joint: decode.joint_lm_weight; "
+                                                   "lexicon: the n-gram's weight, decode.lexicon_lm_weight)")
+    p.add_argument("--ngram", help="lexicon: word n-gram LM from asr-prep ngram (default: decode.ngram; none: the "
+                                   "lexicon alone)")
+    p.add_argument("--lexicon", help="lexicon: the asr-prep lexicon folder (default: the model's data.lexicon)")
+    p.add_argument("--word-score", type=float, help="lexicon: score added per word (default: decode.word_score)")
     p.add_argument("--length-bonus", type=float,
                    help="score added per piece, against the LM's pull towards short hypotheses (default with --lm: "
                         "decode.length_bonus, joint: decode.joint_length_bonus; 0 without)")
@@ -70,9 +77,10 @@ def parse_args(argv=None):
                         "--tune-on's settings, and the manifests")
     p.add_argument("--tune-on", metavar="DEV.jsonl",
                    help="--checkpoint, --method joint: first choose the CTC weight and (with --lm) the LM weight and "
-                        "length bonus by WER on this manifest (a dev set, never a test set), then decode with them. "
-                        "A flag given explicitly (--ctc-weight, --lm-weight, --length-bonus) is kept, not tuned; "
-                        "the grid is the checkpoint's decode.tune_* (see asr.config.DecodeConfig)")
+                        "length bonus by WER on this manifest (a dev set, never a test set), then decode with them; "
+                        "--method lexicon: the n-gram's weight and the word score. "
+                        "A flag given explicitly (--ctc-weight, --lm-weight, --length-bonus, --word-score) is kept, "
+                        "not tuned; the grid is the checkpoint's decode.tune_* (see asr.config.DecodeConfig)")
     p.add_argument("--tune-limit", type=int, default=100, help="--tune-on: its first N utterances (default 100)")
     args = p.parse_args(argv)
     if args.jobs < 1:
@@ -114,13 +122,18 @@ def load_checkpoint(path):
 
 def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0, limit: int = 0,
              batch_seconds: float = 120.0, desc: str = "", method: str = "attention", lm=None,
-             lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0, max_ratio: float = 1.0) -> dict:
+             lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0, max_ratio: float = 1.0,
+             lexicon=None, ngram=None, word_score: float = 0.0, lexicon_nbest: int = 10) -> dict:
     """Decode a manifest; return WER, SER (overall, ``per_speaker`` and, when the manifest's entries carry a
     ``domain``, ``per_domain``), the decoding time and every (id, ref, hyp).
 
     An utterance whose audio cannot be read (see asr.loader.SkippedItem) is counted as an error: its row has an
     empty hypothesis and a ``skipped`` reason, so WER and SER keep the manifest's full denominator; the result
-    also lists them under ``skipped`` and counts them in ``skipped_utterances``."""
+    also lists them under ``skipped`` and counts them in ``skipped_utterances``.
+
+    ``method="lexicon"``: the phone head through a :class:`asr.decode.LexiconDecoder` over the ``lexicon`` folder and
+    the ``ngram`` LM (``lm_weight``, ``word_score``; ``beam`` is its beam), its ``lexicon_nbest`` best rescored by
+    the word-piece heads at ``att_weight`` (0: the best alone)."""
     from .decode import decode_manifest
     from .loader import SpeechDataset
     from .metrics import ErrorCounts, utterance_errors
@@ -133,10 +146,21 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
         raise SystemExit(f"asr-eval: --method {method} needs a model trained with a CTC head (model.ctc_weight > 0){hint}")
     if method in ("ctc", "ctc_beam"):
         beam, ctc_weight = (1 if method == "ctc" else beam), 0.0
+    lexicon_decoder = None
+    if method == "lexicon":
+        if model.phone_head is None:
+            raise SystemExit("asr-eval: --method lexicon needs a model trained with a phone CTC head "
+                             "(model.phone_ctc_weight > 0)")
+        if not lexicon:
+            raise SystemExit("asr-eval: --method lexicon needs --lexicon (the model's config names no data.lexicon)")
+        lexicon_decoder = _lexicon_decoder(lexicon, ngram, lm_weight, word_score, beam, model.config.phone_vocab,
+                                           lexicon_nbest if att_weight > 0 else 1)
+        ctc_weight, length_bonus = 0.0, 0.0
     t0 = time.perf_counter()
     rows = decode_manifest(model, tok, ds, (method,), beam=beam, ctc_weight=ctc_weight, lm=lm, lm_weight=lm_weight,
                            length_bonus=length_bonus, att_weight=att_weight, max_ratio=max_ratio,
-                           batch_seconds=batch_seconds, progress=desc or Path(manifest).name)[method]
+                           batch_seconds=batch_seconds, progress=desc or Path(manifest).name,
+                           lexicon_decoder=lexicon_decoder)[method]
     seconds = time.perf_counter() - t0
     skipped = [(r["id"], r["skipped"]) for r in rows if "skipped" in r]
     counts = utterance_errors([r["ref"] for r in rows], [r["hyp"] for r in rows])
@@ -148,10 +172,30 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
            "per_speaker": _breakdown(ds.entries, rows, counts, "speaker")}
     if any("domain" in e for e in ds.entries):          # older manifests have no domain: no breakdown
         res["per_domain"] = _breakdown(ds.entries, rows, counts, "domain")
-    return {**res, "method": method, "beam": beam, "ctc_weight": ctc_weight, "lm_weight": lm_weight if lm else 0.0,
+    extra = {"lexicon": str(lexicon), "ngram": str(ngram) if ngram else None, "word_score": word_score,
+             "lexicon_nbest": lexicon_nbest if att_weight > 0 else 1} if method == "lexicon" else {}
+    return {**res, "method": method, "beam": beam, "ctc_weight": ctc_weight,
+            "lm_weight": lm_weight if lm or (method == "lexicon" and ngram) else 0.0, **extra,
             "length_bonus": length_bonus, "att_weight": att_weight, "max_ratio": max_ratio,
             "decode_seconds": round(seconds, 3), "seconds_per_utterance": round(seconds / max(len(rows), 1), 5),
             "hypotheses": rows}
+
+
+_LEXICON_DECODERS: dict = {}
+
+
+def _lexicon_decoder(lexicon, ngram, lm_weight, word_score, beam, phone_vocab, nbest):
+    """A LexiconDecoder, built once per process and setting (building one reads the LM and the lexicon's trie)."""
+    from .data.lexicon import LexiconError
+    from .decode import LexiconDecoder
+    key = (str(lexicon), str(ngram), lm_weight, word_score, beam, phone_vocab, nbest)
+    if key not in _LEXICON_DECODERS:
+        try:
+            _LEXICON_DECODERS[key] = LexiconDecoder(lexicon, ngram, lm_weight if ngram else 0.0, word_score, beam,
+                                                    phone_vocab, nbest)
+        except (LexiconError, FileNotFoundError) as e:
+            raise SystemExit(f"asr-eval: {e}")
+    return _LEXICON_DECODERS[key]
 
 
 def _breakdown(entries, rows, counts, key: str) -> dict:
@@ -184,6 +228,8 @@ def _method(args, ckpt) -> str:
     if args.method:
         return args.method
     method = _decode_config(ckpt).method
+    if method == "lexicon" and not ckpt.model_config.get("phone_ctc_weight", 0) > 0:
+        method = "joint"
     if method in ("ctc", "ctc_beam", "joint") and not ckpt.model_config.get("ctc_weight", 0) > 0:
         return "attention"
     return method
@@ -206,6 +252,13 @@ def _decode_opts(args, ckpt, lm=None, method: str | None = None) -> dict:
                     lm_weight=pick(args.lm_weight, dec.joint_lm_weight) if lm is not None else 0.0,
                     length_bonus=pick(args.length_bonus, dec.joint_length_bonus if lm is not None else 0.0),
                     max_ratio=pick(args.max_ratio, dec.max_ratio))
+    elif method == "lexicon":
+        ngram = args.ngram or dec.ngram or None
+        opts.update(beam=pick(args.beam, dec.lexicon_beam), ctc_weight=0.0,
+                    lexicon=args.lexicon or ckpt.config.get("data", {}).get("lexicon") or None, ngram=ngram,
+                    lm_weight=pick(args.lm_weight, dec.lexicon_lm_weight) if ngram else 0.0,
+                    word_score=pick(args.word_score, dec.word_score),
+                    att_weight=pick(args.att_weight, dec.lexicon_rescore_weight), lexicon_nbest=dec.lexicon_nbest)
     return opts
 
 
@@ -297,6 +350,8 @@ def tune(args, ckpt, base: dict) -> dict:
     so the LM is used only where it helps on dev. Flags given explicitly stay fixed. Returns the record kept in
     the result: the chosen setting and every row of the grid."""
     dec = _decode_config(ckpt)
+    if base["method"] == "lexicon":
+        return _tune_lexicon(args, dec, base)
     cws = [args.ctc_weight] if args.ctc_weight is not None else list(dec.tune_ctc_weights)
     lws = [args.lm_weight] if args.lm_weight is not None else list(dec.tune_lm_weights)
     lbs = [args.length_bonus] if args.length_bonus is not None else list(dec.tune_length_bonuses)
@@ -320,6 +375,34 @@ def tune(args, ckpt, base: dict) -> dict:
                else (", no LM (it did not help on dev)" if lm_path else ""))
     print(f"[asr-eval] tuned on {Path(args.tune_on).name} ({chosen['utterances']} utterances, {len(rows)} settings): "
           f"CTC weight {pick['ctc_weight']:g}{lm_note}: dev WER {100 * chosen['wer']:.2f}%", flush=True)
+    return {"manifest": str(args.tune_on), "utterances": chosen["utterances"], "chosen": pick, "grid": rows}
+
+
+def _tune_lexicon(args, dec, base: dict) -> dict:
+    """--method lexicon: the n-gram's weight x the word score by WER on ``args.tune_on`` (decode.tune_ngram_weights x
+    decode.tune_word_scores), then at the best of them the n-best rescoring weight (decode.tune_rescore_weights; 0
+    = not rescored). A flag given explicitly stays fixed; the lowest WER wins (ties: the earlier, simpler setting)."""
+    lws = [args.lm_weight] if args.lm_weight is not None else list(dec.tune_ngram_weights)
+    wss = [args.word_score] if args.word_score is not None else list(dec.tune_word_scores)
+    aws = [args.att_weight] if args.att_weight is not None else list(dec.tune_rescore_weights)
+
+    def run(settings):
+        jobs = [(args.checkpoint, None, args.tune_on, args.tune_limit, {**base, **st}) for st in settings]
+        return [{**st, "wer": r["wer"], "ser": r["ser"], "utterances": r["utterances"],
+                 **({"per_domain": {d: x["wer"] for d, x in r["per_domain"].items()}} if "per_domain" in r else {})}
+                for st, r in zip(settings, _map(_decode_job, jobs, args.jobs))]
+
+    first = aws[0] if args.att_weight is not None else 0.0
+    rows = run([{"lm_weight": w, "word_score": ws, "att_weight": first}
+                for w in (lws if base.get("ngram") else [0.0]) for ws in wss])
+    best = min(rows, key=lambda r: r["wer"])
+    rows += run([{"lm_weight": best["lm_weight"], "word_score": best["word_score"], "att_weight": a}
+                 for a in aws if a != first])
+    chosen = min(rows, key=lambda r: r["wer"])
+    pick = {k: chosen[k] for k in ("lm_weight", "word_score", "att_weight")}
+    print(f"[asr-eval] tuned on {Path(args.tune_on).name} ({chosen['utterances']} utterances, {len(rows)} settings): "
+          f"n-gram weight {pick['lm_weight']:g}, word score {pick['word_score']:g}, rescoring weight "
+          f"{pick['att_weight']:g}: dev WER {100 * chosen['wer']:.2f}%", flush=True)
     return {"manifest": str(args.tune_on), "utterances": chosen["utterances"], "chosen": pick, "grid": rows}
 
 
@@ -391,7 +474,7 @@ def run_dir_mode(args) -> int:
 # thread: joint+LM 79.1% WER at 49 ms per utterance, joint 80.5% / 30 ms, ctc_beam+LM 80.0% / 206 ms, ctc_beam
 # 88.2% / 19 ms, ctc 89.3% / 4 ms, attention greedy 96.7% / 5 ms): the summary and the plot lead with the first
 # one that has results.
-LABELS = ("joint_lm", "joint", "ctc_beam_lm", "ctc_beam", "ctc", "attention")
+LABELS = ("lexicon", "joint_lm", "joint", "ctc_beam_lm", "ctc_beam", "ctc", "attention")
 
 
 def _label(method: str, lm=None) -> str:
@@ -450,6 +533,10 @@ def _describe(r: dict) -> str:
     return {"ctc": "CTC best path",
             "ctc_beam": f"CTC prefix beam {r['beam']}{lm}, attention weight {r['att_weight']}",
             "joint": f"joint CTC/attention beam {r['beam']}, CTC weight {r['ctc_weight']}{lm}",
+            "lexicon": f"phone CTC over the lexicon, beam {r['beam']}"
+                       + (f", word n-gram weight {r['lm_weight']}" if r["lm_weight"] else ", no n-gram")
+                       + f", word score {r.get('word_score', 0)}"
+                       + (f", {r.get('lexicon_nbest')}-best rescored at {r['att_weight']}" if r["att_weight"] else ""),
             }.get(r["method"], "attention greedy" if r["beam"] <= 1 else f"attention beam {r['beam']}"
                   + (f", CTC rescoring weight {r['ctc_weight']}" if r["ctc_weight"] else ""))
 
@@ -475,8 +562,8 @@ def main(argv=None) -> int:
     opts = _decode_opts(args, ckpt, _load_lm(args, args.checkpoint, ckpt), method)
     tuned = None
     if args.tune_on:
-        if method != "joint":
-            raise SystemExit(f"asr-eval: --tune-on tunes --method joint (here: {method})")
+        if method not in ("joint", "lexicon"):
+            raise SystemExit(f"asr-eval: --tune-on tunes --method joint or lexicon (here: {method})")
         if not Path(args.tune_on).exists():
             raise SystemExit(f"asr-eval: --tune-on {args.tune_on}: manifest not found")
         if Path(args.tune_on).resolve() in {Path(m).resolve() for m in args.manifest}:

@@ -199,25 +199,37 @@ class Batch(NamedTuple):
     tlen: torch.Tensor                 # [B] int64 tokens
     texts: list[str]
     skipped: list[tuple[str, str]]     # (utt_id, reason) of the dropped utterances
+    phones: torch.Tensor | None = None  # [B, P] int64 phone ids padded with -1 (collate with a lexicon)
+    plen: torch.Tensor | None = None    # [B] int64 phones
 
 
-def collate(batch) -> Batch:
-    """Drop SkippedItems, pad features with 0 and tokens with -1: a :class:`Batch`."""
+def pad_ids(seqs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Id sequences -> ([B, max(L, 1)] int64 padded with -1, [B] lengths)."""
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    out = torch.full((len(seqs), max(int(lengths.max()) if len(seqs) else 0, 1)), -1, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+    return out, lengths
+
+
+def collate(batch, lexicon=None) -> Batch:
+    """Drop SkippedItems, pad features with 0 and tokens with -1: a :class:`Batch`. With a ``lexicon``
+    (asr.data.lexicon.Lexicon; bind it with functools.partial) the batch also holds each transcript's phones."""
     skipped = [(b.utt_id, b.reason) for b in batch if isinstance(b, SkippedItem)]
     batch = [b for b in batch if not isinstance(b, SkippedItem)]
     if not batch:
         empty = torch.zeros(0, dtype=torch.long)
+        phones = pad_ids([]) if lexicon is not None else (None, None)
         return Batch([], torch.zeros(0, 0, N_MELS), empty, torch.full((0, 1), -1, dtype=torch.long), empty.clone(),
-                     [], skipped)
+                     [], skipped, *phones)
     ids, feats, toks, texts = zip(*batch)
     flen = torch.tensor([f.shape[0] for f in feats], dtype=torch.long)
-    tlen = torch.tensor([len(t) for t in toks], dtype=torch.long)
     F = torch.zeros(len(batch), int(flen.max()), feats[0].shape[1])
-    T = torch.full((len(batch), max(int(tlen.max()), 1)), -1, dtype=torch.long)
-    for i, (f, t) in enumerate(zip(feats, toks)):
+    for i, f in enumerate(feats):
         F[i, :f.shape[0]] = f
-        T[i, :len(t)] = torch.tensor(t, dtype=torch.long)
-    return Batch(list(ids), F, flen, T, tlen, list(texts), skipped)
+    T, tlen = pad_ids(toks)
+    phones = pad_ids([lexicon.encode(t) for t in texts]) if lexicon is not None else (None, None)
+    return Batch(list(ids), F, flen, T, tlen, list(texts), skipped, *phones)
 
 
 class BucketBatchSampler(Sampler):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -60,15 +61,16 @@ def lr_factor(step: int, epoch: int, warmup: int, decay: float, schedule: str = 
     return warm * (final + (1.0 - final) * shape)
 
 
-def model_config(model, vocab_size: int, n_mels: int):
-    """The config's model section completed by the tokenizer's pieces and the features' mel bands. A
-    value the config sets (other than the default) that disagrees with them is an error naming both."""
+def model_config(model, vocab_size: int, n_mels: int, phone_vocab: int = 0):
+    """The config's model section completed by the tokenizer's pieces, the features' mel bands and the lexicon's
+    phones. A value the config sets (other than the default) that disagrees with them is an error naming both."""
     defaults = type(model)()
-    for key, actual, what in (("vocab_size", vocab_size, "the tokenizer has"), ("feat_dim", n_mels, "the features have")):
+    for key, actual, what in (("vocab_size", vocab_size, "the tokenizer has"), ("feat_dim", n_mels, "the features have"),
+                              ("phone_vocab", phone_vocab, "the lexicon (data.lexicon) has")):
         asked = getattr(model, key)
         if asked not in (getattr(defaults, key), actual):
             raise ValueError(f"model.{key}={asked} but {what} {actual}; leave model.{key} out of the config")
-    return dataclasses.replace(model, vocab_size=vocab_size, feat_dim=n_mels)
+    return dataclasses.replace(model, vocab_size=vocab_size, feat_dim=n_mels, phone_vocab=phone_vocab)
 
 
 def _trained_seconds(log_path: Path) -> float:
@@ -117,7 +119,8 @@ class _Run:
         pass
 
 
-EPOCH_COUNTS = ("loss", "att_loss", "ctc_loss", "acc", "batches", "utterances", "skipped_utterances", "audio_s")
+EPOCH_COUNTS = ("loss", "att_loss", "ctc_loss", "acc", "phone_ctc_loss", "batches", "utterances", "skipped_utterances",
+                "audio_s")
 
 
 def cores_in_use(cfg, size: int, local_size: int) -> int:
@@ -126,7 +129,7 @@ def cores_in_use(cfg, size: int, local_size: int) -> int:
     host = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     per_host = min(host, local_size * (cfg.train.threads + cfg.train.loader_workers))
     return per_host * max(1, size // max(local_size, 1))
-LOSSES = EPOCH_COUNTS[:4]
+LOSSES = EPOCH_COUNTS[:5]
 
 
 class Trainer:
@@ -169,11 +172,19 @@ class Trainer:
         # one drives dropout, seeded per epoch (train_epoch), and a persistent-worker loader draws only when it
         # starts its workers, so a resumed run (workers started at its first epoch) would see other dropout
         # masks than the uninterrupted run (workers started at epoch 0) and not resume exactly.
-        self.loader = DataLoader(self.train_set, batch_sampler=self.sampler, collate_fn=collate,
+        self.lexicon = None
+        if cfg.model.phone_ctc_weight > 0:
+            from .data.lexicon import Lexicon
+            if not cfg.data.lexicon:
+                raise ValueError("model.phone_ctc_weight > 0 needs data.lexicon (a folder from asr-prep lexicon)")
+            self.lexicon = Lexicon(cfg.data.lexicon)
+        self.loader = DataLoader(self.train_set, batch_sampler=self.sampler,
+                                 collate_fn=functools.partial(collate, lexicon=self.lexicon),
                                  num_workers=cfg.train.loader_workers, persistent_workers=cfg.train.loader_workers > 0,
                                  generator=torch.Generator().manual_seed(cfg.train.seed * 1000 + 7 + self.rank))
 
-        self.model_cfg = model_config(cfg.model, self.tok.vocab_size, norm.settings.n_mels)
+        self.model_cfg = model_config(cfg.model, self.tok.vocab_size, norm.settings.n_mels,
+                                      len(self.lexicon) if self.lexicon else 0)
         torch.manual_seed(cfg.train.seed)
         self.model = BFA(self.model_cfg).to(self.device)
         base = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr * size, weight_decay=cfg.train.weight_decay)
@@ -452,7 +463,8 @@ class Trainer:
         if batch.ids:
             feats, toks, tlen = batch.feats.to(device), batch.toks.to(device), batch.tlen.to(device)
             with torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                loss, stats = self.model(feats, batch.flen, toks, tlen)
+                phones = (batch.phones.to(device), batch.plen.to(device)) if batch.phones is not None else ()
+                loss, stats = self.model(feats, batch.flen, toks, tlen, *phones)
             (scaler.scale(loss) if scaler else loss).backward()
         # A batch whose every file was unreadable (or, elastic, the padding of the epoch's last
         # step) still takes part in the step (zero gradients): every worker runs the same collectives.
@@ -509,7 +521,8 @@ class Trainer:
         hvd, opt, epoch = self.hvd, self.opt, state.epoch
         comm = opt.comm_stats()["total"]
         rec = {"event": "epoch", "epoch": epoch, "step": state.step, **dev,
-               **{f"train_{k}": counts[k] / max(counts["batches"], 1) for k in LOSSES},
+               **{f"train_{k}": counts[k] / max(counts["batches"], 1) for k in LOSSES
+                  if k != "phone_ctc_loss" or self.lexicon is not None},
                "train_s": train_s, "eval_s": eval_s, "lr": opt.param_groups[0]["lr"],
                "bits_per_element": comm["bits_per_element"],
                "comm_wait_s": comm["wait_s"] - self.comm_before["wait_s"],

@@ -9,7 +9,7 @@ augmentation, pipelining with weight prediction, as the recipe trains), ``--set 
 config whose schedule runs to a time budget (cpu-small's train.max_minutes) sets its learning rate from the wall
 clock, so no two runs are equal: give it a step budget (train.max_steps) instead.
 
-1. builds a tiny synthesized corpus (asr-prep synth --size tiny), a tokenizer and feature statistics;
+1. builds a tiny synthesized corpus (asr-prep synth --size tiny), a tokenizer, feature statistics and a lexicon;
 2. trains the cpu-tiny BFA (or ``--conf``) uninterrupted for ``--epochs`` epochs under ``horovodrun -np 2`` (Horovod
    fusion off, so sums are deterministic);
 3. trains the same run again, but SIGKILLs one worker (a random rank) at a random moment, ``--kills``
@@ -48,13 +48,17 @@ def corpus(out: Path) -> Path:
         sh([BIN / "asr-prep", "synth", "--out", c, "--size", "tiny", "--seed", "5", "--limit", "60"])
         sh([BIN / "asr-prep", "tokenizer", "--manifest", c / "train.jsonl", "--vocab-size", "60", "--out", c / "tok"])
         sh([BIN / "asr-prep", "stats", "--manifest", c / "train.jsonl", "--out", c / "stats"])
+    if not (c / "lexicon" / "lexicon.txt").exists():      # the phone CTC head's targets (cpu-small has one)
+        (c / "transcripts.txt").write_text("".join(json.loads(x)["text"] + "\n" for x in
+                                                   (c / "train.jsonl").read_text().splitlines()))
+        sh([BIN / "asr-prep", "lexicon", "--text", c / "transcripts.txt", "--out", c / "lexicon"])
     return c
 
 
 def command(c: Path, run: Path, args) -> list[str]:
     over = [f"data.train={c / 'train.jsonl'}", f"data.dev={c / 'dev.jsonl'}", "data.dev_subset=4",
             f"data.tokenizer={c / 'tok' / 'tokenizer.model'}", f"data.stats={c / 'stats' / 'feature_stats.json'}",
-            f"train.out_dir={run}", "train.log_every=1", f"train.epochs={args.epochs}", "train.batch_seconds=10",
+            f"data.lexicon={c / 'lexicon'}", f"train.out_dir={run}", "train.log_every=1", f"train.epochs={args.epochs}", "train.batch_seconds=10",
             f"train.compression={args.codec}", *(["train.pipeline=true"] if args.pipeline else []), *args.set]
     return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "asr.train",
             "--config", str(args.conf), "--resume", *over]

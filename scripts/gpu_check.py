@@ -268,7 +268,9 @@ def cmd_train(args) -> int:
     if args.tiny:
         model_kw.update(TINY)
     torch.manual_seed(0)
-    model_cfg = BFAConfig(vocab_size=args.vocab, **model_kw)
+    # a phone head (cpu-small has one) gets a 66-phone inventory, as espeak-ng's en-us rules give the demo's text
+    phones = 66 if float(model_kw.get("phone_ctc_weight", 0) or 0) > 0 else 0
+    model_cfg = BFAConfig(vocab_size=args.vocab, **{**model_kw, "phone_vocab": phones})
     model = BFA(model_cfg).to(dev)
     params = parameter_count(model)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.amp) if dev.type == "cuda" else None
@@ -289,13 +291,19 @@ def cmd_train(args) -> int:
         tlen = torch.randint(max(1, L // 2), L + 1, (B,), generator=g)
         toks = torch.randint(0, args.vocab, (B, L), generator=g)
         toks[torch.arange(L)[None, :] >= tlen[:, None]] = -1
-        pool.append((feats.to(dev), flen, toks.to(dev), tlen.to(dev)))
+        extra = ()
+        if phones:
+            plen = tlen * 3                                  # about 3 phones per word piece
+            ph = torch.randint(0, phones, (B, int(plen.max())), generator=g)
+            ph[torch.arange(ph.shape[1])[None, :] >= plen[:, None]] = -1
+            extra = (ph.to(dev), plen.to(dev))
+        pool.append((feats.to(dev), flen, toks.to(dev), tlen.to(dev), *extra))
 
     # asr/train.py passes the feature lengths on the CPU: does the model accept that on this device?
-    feats, flen, toks, tlen = pool[0]
+    feats, flen, toks, tlen, *ph = pool[0]
     try:
         with torch.no_grad(), torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
-            model(feats, flen, toks, tlen)
+            model(feats, flen, toks, tlen, *ph)
         info["cpu_lengths_like_train_py"] = "ok"
     except Exception as e:  # noqa: BLE001
         info["cpu_lengths_like_train_py"] = f"{type(e).__name__}: {e}"[:300]
@@ -330,14 +338,14 @@ def cmd_train(args) -> int:
     t_begin = time.perf_counter()
     model.train()
     for step in range(args.steps):
-        feats, flen, toks, tlen = pool[step % len(pool)]
+        feats, flen, toks, tlen, *ph = pool[step % len(pool)]
         if step == warm:
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             t_start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
-            loss, stats = model(feats, flen.to(dev), toks, tlen)
+            loss, stats = model(feats, flen.to(dev), toks, tlen, *ph)
         loss.backward()
         if hx_used:
             opt.synchronize()

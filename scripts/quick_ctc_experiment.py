@@ -87,7 +87,7 @@ def main():
     def prep(e, f):
         return e["id"], norm(f.float()), tok.encode(e["text"]), e["text"]
 
-    model_cfg = dataclasses.replace(cfg.model, vocab_size=tok.vocab_size)
+    model_cfg = dataclasses.replace(cfg.model, vocab_size=tok.vocab_size, phone_ctc_weight=0.0)
     torch.manual_seed(a.seed)
     model = BFA(model_cfg)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)

@@ -80,7 +80,7 @@ def main() -> None:
     sampler.set_epoch(1)
     batches = list(sampler)          # the recipe's batches: matched in length across the workers at each step
     torch.manual_seed(0)
-    model = BFA(dataclasses.replace(cfg.model, vocab_size=sp.get_piece_size()))
+    model = BFA(dataclasses.replace(cfg.model, phone_ctc_weight=0.0, vocab_size=sp.get_piece_size()))
     model.train()
     dim = model.config.feat_dim
     params = [p for p in model.parameters() if p.requires_grad]

@@ -20,6 +20,9 @@ TORCH_VERSION=2.14.1
 GPU_OPS=${HOROVOD_GPU_OPERATIONS:-}
 WITH_MPI=${HOROVOD_WITH_MPI:-0}
 APT_PACKAGES="espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox fortunes-min fortunes bible-kjv bible-kjv-text"
+# KenLM's n-gram estimator (lmplz, built below from its PyPI source) needs Boost.
+APT_PACKAGES="$APT_PACKAGES libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev"
+KENLM_VERSION=0.3.0
 
 say()  { printf '[setup] %s\n' "$*"; }
 die()  { printf '\n[setup] ERROR: %s\n' "$1" >&2; shift; for l in "$@"; do printf '[setup]   %s\n' "$l" >&2; done; exit 1; }
@@ -129,6 +132,37 @@ PYEOF
   fi
   echo "$STAMP_KEY" > "$STAMP"
 fi
+
+# ---------------------------------------------------------------- KenLM's lmplz + build_binary (asr-prep ngram)
+# No binary wheel carries KenLM's estimator: build the two tools from the kenlm sdist on PyPI, once per cache.
+KENLM_BIN="$CACHE/kenlm-$KENLM_VERSION/bin"
+if [ ! -x "$KENLM_BIN/lmplz" ] || [ ! -x "$KENLM_BIN/build_binary" ]; then
+  say "building KenLM $KENLM_VERSION's lmplz and build_binary from source (about 2 minutes; cached in $KENLM_BIN)"
+  need_cmd cmake "Install CMake (Debian: apt-get install cmake)."
+  need_cmd g++ "Install a C++ compiler (Debian: apt-get install g++)."
+  BUILD=$(mktemp -d "${TMPDIR:-/tmp}/hx-kenlm-build.XXXXXX")
+  LOG="$CACHE/build-kenlm-$KENLM_VERSION.log"; mkdir -p "$CACHE"
+  # The sdist itself, from PyPI's simple index (pip download would first compile the Python module to read its
+  # metadata), checked against the sha256 the index lists.
+  "$VENV/bin/python" - "$KENLM_VERSION" "$BUILD/kenlm-$KENLM_VERSION.tar.gz" >"$LOG" 2>&1 <<'PYEOF' \
+    || die "could not download the KenLM $KENLM_VERSION source from PyPI (log: $LOG)."
+import hashlib, re, sys, urllib.request
+version, dest = sys.argv[1:3]
+index = urllib.request.urlopen("https://pypi.org/simple/kenlm/", timeout=60).read().decode()
+url, sha = re.search(rf'href="([^"#]*/kenlm-{re.escape(version)}\.tar\.gz)#sha256=([0-9a-f]+)"', index).groups()
+data = urllib.request.urlopen(url, timeout=300).read()
+if hashlib.sha256(data).hexdigest() != sha:
+    sys.exit(f"{url}: sha256 mismatch")
+open(dest, "wb").write(data)
+PYEOF
+  tar -xzf "$BUILD"/kenlm-$KENLM_VERSION.tar.gz -C "$BUILD"
+  { cmake -S "$BUILD/kenlm-$KENLM_VERSION" -B "$BUILD/build" -DCMAKE_BUILD_TYPE=Release \
+      && make -C "$BUILD/build" -j"$(nproc)" lmplz build_binary; } >>"$LOG" 2>&1 \
+    || { grep -E -m 15 'error|Error|Could NOT find' "$LOG" >&2 || true
+         die "building KenLM failed; the full log is $LOG (it needs Boost: apt-get install libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev)."; }
+  mkdir -p "$KENLM_BIN" && cp "$BUILD"/build/bin/lmplz "$BUILD"/build/bin/build_binary "$KENLM_BIN"/ && rm -rf "$BUILD"
+fi
+ln -sf "$KENLM_BIN/lmplz" "$KENLM_BIN/build_binary" "$VENV/bin/"
 
 # ---------------------------------------------------------------- verify
 CHECK=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed:" "$CHECK"

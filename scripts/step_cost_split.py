@@ -62,7 +62,7 @@ def main() -> None:
     random.Random(0).shuffle(batches)
     batches = batches[:args.batches + 3]
     torch.manual_seed(0)
-    model = BFA(dataclasses.replace(cfg.model, vocab_size=sp.get_piece_size()))
+    model = BFA(dataclasses.replace(cfg.model, phone_ctc_weight=0.0, vocab_size=sp.get_piece_size()))
     dim = model.config.feat_dim
     model.train()
     opt = torch.optim.Adam(model.parameters(), 1e-4)

@@ -84,7 +84,7 @@ def test_collate_drops_bad_items_and_reports_them(corpus):
     ds = dataset(corpus)
     items = [ds[i] for i in range(len(ds))]
     batch = collate(items)
-    assert isinstance(batch, Batch) and len(batch) == 7
+    assert isinstance(batch, Batch) and len(batch) == 9 and batch.phones is None   # no lexicon: no phones
     assert batch.ids == [f"good{i}" for i in range(8)] and len(batch.texts) == 8
     assert [s[0] for s in batch.skipped] == list(BAD)
     assert all(f"audio/{name}." in why for name, why in batch.skipped)
@@ -99,8 +99,8 @@ def test_a_batch_of_only_bad_files_is_empty_but_present(corpus):
     ds = dataset(corpus)
     by_id = {e["id"]: i for i, e in enumerate(ds.entries)}
     batch = collate([ds[by_id["empty"]], ds[by_id["cut"]]])
-    ids, feats, flen, toks, tlen, texts, skipped = batch
-    assert ids == [] and texts == [] and [s[0] for s in skipped] == ["empty", "cut"]
+    ids, feats, flen, toks, tlen, texts, skipped, phones, plen = batch
+    assert ids == [] and texts == [] and [s[0] for s in skipped] == ["empty", "cut"] and phones is plen is None
     assert feats.shape == (0, 0, 40) and feats.dtype == torch.float32
     assert flen.shape == tlen.shape == (0,) and flen.dtype == tlen.dtype == torch.long
     assert toks.shape == (0, 1) and toks.dtype == torch.long

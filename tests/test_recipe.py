@@ -293,3 +293,40 @@ def test_unknown_config_key_lists_valid_ones(corpus, tmp_path):
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode != 0
     assert "unknown key(s) epoch" in proc.stderr and "epochs" in proc.stderr
+
+
+def test_phone_head_trains_on_two_workers_and_the_lexicon_decoder_reads_it(corpus, tmp_path):
+    """Issue 15: a model with a phone CTC head (targets from asr-prep lexicon) trains under horovodrun with 2
+    workers, logs its phone loss, and asr-eval --method lexicon decodes it over the lexicon's words with the word
+    n-gram from asr-prep ngram, its weights tuned on a dev set; every hypothesis word is a lexicon word."""
+    lm = tmp_path / "lm"
+    subprocess.run([BIN / "asr-prep", "lm-text", "--corpus", corpus, "--out", lm / "text.txt", "--extra", "100"],
+                   check=True, capture_output=True)
+    subprocess.run([BIN / "asr-prep", "lexicon", "--text", lm / "text.txt", "--manifest", corpus / "train.jsonl",
+                    "--out", tmp_path / "lexicon"], check=True, capture_output=True)
+    subprocess.run([BIN / "asr-prep", "ngram", "--text", lm / "text.txt", "--out", lm / "words.3gram.bin",
+                    "--order", "3"], check=True, capture_output=True)
+    run = tmp_path / "phones"
+    train(overrides(corpus, run, train="train.jsonl", train__epochs=2, train__batch_seconds=8, data__dev_subset=2,
+                    model__phone_ctc_weight=1.0, data__lexicon=tmp_path / "lexicon",
+                    decode__ngram=lm / "words.3gram.bin"), np_=2)
+    epochs = [r for r in log_records(run) if r["event"] == "epoch"]
+    assert len(epochs) == 2 and all(e["train_phone_ctc_loss"] > 0 for e in epochs)
+    assert epochs[1]["train_phone_ctc_loss"] < epochs[0]["train_phone_ctc_loss"]
+    out = tmp_path / "lex.json"
+    proc = subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
+                           corpus / "test.jsonl", "--json", out, "--method", "lexicon", "--tune-on",
+                           corpus / "dev.jsonl", "--tune-limit", "3", "--jobs", "2"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    words = {ln.split()[0] for ln in (tmp_path / "lexicon" / "lexicon.txt").read_text().splitlines()}
+    assert res["method"] == "lexicon" and res["ngram"] == str(lm / "words.3gram.bin")
+    assert len(res["hypotheses"]) == len((corpus / "test.jsonl").read_text().splitlines())
+    assert all(w in words for h in res["hypotheses"] for w in h["hyp"].split())
+    assert set(res["tuned_on"]["chosen"]) == {"lm_weight", "word_score", "att_weight"}
+    # a lexicon folder that is not there is refused, naming it
+    bad = subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
+                          corpus / "test.jsonl", "--method", "lexicon", "--lexicon", tmp_path / "missing"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "missing" in bad.stderr and "asr-prep lexicon" in bad.stderr, bad.stderr

@@ -5,6 +5,8 @@
   tokenizer  train a sentencepiece unigram word-piece model on a manifest's transcripts
   stats      feature mean/variance for normalization, and a duration histogram
   lm-text    text for the language model: training transcripts plus unseen generator sentences
+  lexicon    every word of the LM text spelt in phones (espeak-ng), for the phone CTC head and the lexicon decoder
+  ngram      a word n-gram LM (KenLM) over the LM text, for the lexicon decoder
   baseline   decode a manifest with pocketsphinx and report WER / sentence error rate
   far        the far-field test set: a manifest passed once through the acoustic simulator (fixed seed)
   augment-demo  a few augmented WAVs and a PNG of clean / VTLP / reverberant-noisy spectrograms
@@ -45,6 +47,19 @@ def _stats(a) -> int:
 def _lm_text(a) -> int:
     from .lm_text import build_lm_text
     build_lm_text(a.corpus, a.out, a.extra, a.data_dir)
+    return 0
+
+
+def _lexicon(a) -> int:
+    from .lexicon import build_lexicon, main_summary
+    main_summary(build_lexicon(a.text, a.manifest or [], a.out, a.voice), a.out)
+    return 0
+
+
+def _ngram(a) -> int:
+    from .ngram import build_ngram
+    out = build_ngram(a.text, a.out, a.order)
+    print(f"asr-prep ngram: {a.order}-gram over {a.text} -> {out} ({out.stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
     return 0
 
 
@@ -183,6 +198,27 @@ rest is imported. Exit 1 only if nothing usable remains, or with --strict if any
     s.add_argument("--data-dir", default=DATA_DIR, help=f"folder with text/ (default {DATA_DIR})")
     s.set_defaults(func=_lm_text)
 
+    s = sub.add_parser("lexicon", help="every word spelt in phones (espeak-ng), for phone CTC and lexicon decoding",
+                       description="Spell every word of the LM text (and of the given manifests' transcripts) in "
+                       "phones with espeak-ng's letter-to-sound rules (stress marks dropped). Writes OUT/lexicon.txt "
+                       "(word and its phones), OUT/phones.txt (the phone inventory the model's phone CTC head emits, "
+                       "model.phone_ctc_weight > 0) and OUT/lexicon.json. The lexicon decoder (asr-eval --method "
+                       "lexicon) can output only these words.")
+    s.add_argument("--text", required=True, help="LM text, one sentence per line, e.g. DIR/lm/text.txt")
+    s.add_argument("--manifest", action="append", help="also spell this manifest's transcripts (repeatable; "
+                   "the training manifest, so every training transcript has phone targets)")
+    s.add_argument("--out", required=True, help="output folder, e.g. DIR/lexicon")
+    s.add_argument("--voice", default="en-us", help="espeak-ng voice whose rules spell the words (default en-us)")
+    s.set_defaults(func=_lexicon)
+
+    s = sub.add_parser("ngram", help="a word n-gram LM (KenLM) over the LM text",
+                       description="Estimate a modified Kneser-Ney word n-gram over the LM text with KenLM's lmplz "
+                       "and write it in KenLM's binary format (build_binary), for asr-eval --method lexicon.")
+    s.add_argument("--text", required=True, help="LM text, one sentence per line, e.g. DIR/lm/text.txt")
+    s.add_argument("--out", required=True, help="output file, e.g. DIR/lm/words.4gram.bin")
+    s.add_argument("--order", type=int, default=4, help="n-gram order (default 4)")
+    s.set_defaults(func=_ngram)
+
     s = sub.add_parser("baseline", help="pocketsphinx baseline WER on a manifest",
                        description="Decode every utterance of a manifest with pocketsphinx's bundled en-us model "
                        "(acoustic model, generic LM, CMU dictionary), normalize hypotheses like references, and "
@@ -233,6 +269,7 @@ def main(argv=None) -> int:
     from ..frontend import AudioError
     from .importers import ImportFailed
     from .manifest import ManifestError
+    from .ngram import NgramError
     from .stats import StatsError
     from .text import TextSourceError
     from .tokenizer import TokenizerError
@@ -247,7 +284,7 @@ def main(argv=None) -> int:
     except ReservedVoiceError:
         raise  # a reserved voice must never be reached: fail loudly with the traceback
     except (ImportFailed, ManifestError, StatsError, TextSourceError, TokenizerError, VoiceConfigError,
-            AudioError, ValueError, OSError) as e:
+            NgramError, AudioError, ValueError, OSError) as e:
         print(f"asr-prep {args.command}: error: {e}", file=sys.stderr)
         return 2
 

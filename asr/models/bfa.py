@@ -42,6 +42,10 @@ class BFAConfig:
     dropout: float = 0.1
     fused_lstm: bool = True               # padded batches on the fused LSTM kernel (False: packed sequences)
     ctc_weight: float = 0.3               # 0 disables the CTC head
+    phone_vocab: int = 0                  # phones of the lexicon (data.lexicon); 0: take them
+    phone_ctc_weight: float = 0.0         # > 0: a phone CTC head on the encoder, its loss added with this weight
+    phone_upsample: int = 2               # output frames per encoder frame for the phone head (x8 reduction leaves
+                                          # 12.5 frames/s; speech has 10-15 phones/s, CTC needs a frame each and more)
     label_smoothing: float = 0.1
 
     @property
@@ -240,14 +244,29 @@ class BFA(nn.Module):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config, self.encoder.out_dim)
         self.ctc_head = nn.Linear(self.encoder.out_dim, config.vocab_size + 1) if config.ctc_weight > 0 else None
+        self.phone_head = None
+        if config.phone_ctc_weight > 0:
+            if config.phone_vocab < 1 or config.phone_upsample < 1:
+                raise ValueError(f"model.phone_ctc_weight > 0 needs phone_vocab >= 1 (the lexicon's phones) and "
+                                 f"phone_upsample >= 1, got {config.phone_vocab} and {config.phone_upsample}")
+            self.phone_head = nn.Linear(self.encoder.out_dim, config.phone_upsample * (config.phone_vocab + 1))
+
+    def phone_log_probs(self, enc, enc_lengths):
+        """Phone CTC log-probabilities [B, T * phone_upsample, phone_vocab + 1] (blank last) and their lengths:
+        each encoder frame gives ``phone_upsample`` output frames (a linear map to all of them at once)."""
+        c = self.config
+        B, T, _ = enc.shape
+        logits = self.phone_head(enc).reshape(B, T * c.phone_upsample, c.phone_vocab + 1)
+        return F.log_softmax(logits, dim=-1), enc_lengths * c.phone_upsample
 
     def encode(self, feats, feat_lengths):
         # Lengths follow the features to their device (the loader makes them on the CPU); packing
         # takes its own CPU copy.
         return self.encoder(feats, feat_lengths.to(feats.device))
 
-    def forward(self, feats, feat_lengths, tokens, token_lengths):
-        """Returns (loss, stats). tokens: [B, L] word pieces padded with -1; token_lengths: [B]."""
+    def forward(self, feats, feat_lengths, tokens, token_lengths, phones=None, phone_lengths=None):
+        """Returns (loss, stats). tokens: [B, L] word pieces padded with -1; token_lengths: [B]; phones,
+        phone_lengths: the same for the lexicon's phones (needed when the model has a phone head)."""
         c = self.config
         enc, enc_lengths = self.encode(feats, feat_lengths)
         B, L = tokens.shape
@@ -268,6 +287,15 @@ class BFA(nn.Module):
                                   reduction="mean", zero_infinity=True)
             stats["ctc_loss"] = float(ctc_loss.detach())
             loss = (1 - c.ctc_weight) * att_loss + c.ctc_weight * ctc_loss
+        if self.phone_head is not None:
+            if phones is None or phone_lengths is None:
+                raise ValueError("BFA: this model has a phone CTC head (model.phone_ctc_weight > 0); give phones and "
+                                 "phone_lengths (the loader makes them from data.lexicon)")
+            lp, lp_lengths = self.phone_log_probs(enc, enc_lengths)
+            phone_loss = F.ctc_loss(lp.transpose(0, 1), phones.clamp_min(0), lp_lengths, phone_lengths,
+                                    blank=c.phone_vocab, reduction="mean", zero_infinity=True)
+            stats["phone_ctc_loss"] = float(phone_loss.detach())
+            loss = loss + c.phone_ctc_weight * phone_loss
         with torch.no_grad():
             pred = logits.argmax(-1)
             mask = targets_out >= 0

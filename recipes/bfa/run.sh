@@ -5,11 +5,13 @@
 #                dev/test sentence), sentencepiece word pieces trained on it, feature statistics (asr-prep
 #                tokenizer, stats; stats also fill the clean-feature cache training reads), the simulated
 #                rooms of the first --room-epochs epochs (asr-prep rooms, so the loader workers read rooms
-#                instead of building them while the trainers wait) and the word-piece LSTM language model (asr-lm)
+#                instead of building them while the trainers wait), the pronunciation lexicon and word 4-gram
+#                (asr-prep lexicon, ngram) and the word-piece LSTM language model (asr-lm)
 #   2 train      horovodrun training through horovod_ext (compression and pipelining from the config)
 #   3 eval       WER of every epoch's checkpoint on the clean and far-field test sets (asr-eval --run-dir):
-#                joint CTC/attention beam search and CTC best path; then the last checkpoint with the LM
-#                fused into the joint search (RUN/final_<set>.json)
+#                the lexicon decoder (a model with a phone CTC head) or the joint CTC/attention beam search, and
+#                CTC best path; then the last checkpoint with the LM fused into the joint search
+#                (RUN/final_<set>.json) and through the lexicon decoder (RUN/final_lexicon_<set>.json)
 #
 # Usage: recipes/bfa/run.sh [--stage N] [--stop-stage N] [--conf recipes/bfa/conf/cpu-small.yaml]
 #          [--size tiny|small|full] [--train N] [--limit N] [--workers 2] [--hosts localhost:2] [--network-interface IFACE]
@@ -90,6 +92,9 @@ if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
   log "stage 1: language model text ($lm_extra sentences beyond the transcripts), tokenizer ($vocab pieces) on it, feature statistics"
   asr-prep lm-text --corpus "$corpus" --out "$corpus/lm/text.txt" --extra "$lm_extra"
   asr-prep tokenizer --text "$corpus/lm/text.txt" --vocab-size "$vocab" --out "$corpus/tokenizer"
+  log "stage 1: the pronunciation lexicon (espeak-ng) and the word 4-gram (KenLM) on the same text"
+  asr-prep lexicon --text "$corpus/lm/text.txt" --manifest "$corpus/train.jsonl" --out "$corpus/lexicon"
+  asr-prep ngram --text "$corpus/lm/text.txt" --out "$corpus/lm/words.4gram.bin" --order 4
   asr-prep stats --manifest "$corpus/train.jsonl" --out "$corpus/stats"
   if [ "$room_epochs" -gt 0 ]; then
     log "stage 1: simulated rooms of epochs 0-$((room_epochs - 1)) (asr-prep rooms)"
@@ -115,18 +120,27 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   "${launch[@]}" --gloo python -m asr.train --config "$conf" $resume \
     data.train="$corpus/train.jsonl" data.dev="$corpus/dev.jsonl" \
     data.tokenizer="$corpus/tokenizer/tokenizer.model" data.stats="$corpus/stats/feature_stats.json" \
+    data.lexicon="$corpus/lexicon" decode.ngram="$corpus/lm/words.4gram.bin" \
     train.out_dir="$exp" train.seed="$seed" "${overrides[@]}"
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
-  log "stage 3: WER per epoch on the clean and far-field test sets (joint CTC/attention search, CTC best path)"
+  log "stage 3: WER per epoch on the clean and far-field test sets (lexicon decoder or joint CTC/attention search, CTC best path)"
   manifests=(--manifest "$corpus/test.jsonl")
   [ -f "$corpus/test_far.jsonl" ] && manifests+=(--manifest "$corpus/test_far.jsonl")
   # Per epoch: the joint search without the LM (the best method; it cannot loop) and the CTC head's best path
   # (a millisecond per utterance). --method attention adds the decoder alone (slow while it still loops).
   cores=$(nproc 2>/dev/null || echo 1)
+  # A model with a phone CTC head (model.phone_ctc_weight > 0) is read by the lexicon decoder first: its phones
+  # searched over the lexicon's words with the word 4-gram (20 ms per utterance, and the best method measured).
+  phone_head=$(python -c 'import sys; from asr.checkpoint import TrainingCheckpoint as T
+print(int(T.load(sys.argv[1]).model_config.get("phone_ctc_weight", 0) > 0))' "$exp/checkpoints/last.pt")
   # The epochs are spread over one process per core (--jobs): a beam search is a chain of small steps.
-  asr-eval --run-dir "$exp" "${manifests[@]}" --method joint ${eval_limit:+--limit "$eval_limit"} --jobs "$cores"
+  if [ "$phone_head" = 1 ]; then
+    asr-eval --run-dir "$exp" "${manifests[@]}" --method lexicon ${eval_limit:+--limit "$eval_limit"} --jobs "$cores"
+  else
+    asr-eval --run-dir "$exp" "${manifests[@]}" --method joint ${eval_limit:+--limit "$eval_limit"} --jobs "$cores"
+  fi
   asr-eval --run-dir "$exp" "${manifests[@]}" --method ctc ${eval_limit:+--limit "$eval_limit"} --jobs "$cores" \
     || log "CTC best path skipped (see the message above)"
   # The last checkpoint with the LM fused into the joint search (RUN/final_<set>.json): the CTC weight, LM weight
@@ -141,6 +155,17 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
     asr-eval --checkpoint "$exp/checkpoints/last.pt" "${finals[@]}" "${jsons[@]}" --method joint \
       --lm "$corpus/lm/lm.pt" ${lm_weight:+--lm-weight "$lm_weight"} --tune-on "$corpus/dev.jsonl" --jobs "$cores" \
       || log "LM decoding skipped (see the message above)"
+  fi
+  # With a phone head, the last checkpoint through the lexicon decoder as well (RUN/final_lexicon_<set>.json): the
+  # n-gram weight, the word score and the n-best rescoring weight chosen on the same 100 dev utterances.
+  if [ "$phone_head" = 1 ]; then
+    finals=(); jsons=()
+    for m in "$corpus/test.jsonl" "$corpus/test_far.jsonl"; do
+      [ -f "$m" ] || continue
+      finals+=(--manifest "$m"); jsons+=(--json "$exp/final_lexicon_$(basename "$m" .jsonl).json")
+    done
+    asr-eval --checkpoint "$exp/checkpoints/last.pt" "${finals[@]}" "${jsons[@]}" --method lexicon \
+      --tune-on "$corpus/dev.jsonl" --jobs "$cores" || log "lexicon decoding skipped (see the message above)"
   fi
   # The mean of the last N epoch checkpoints (ESPnet's averaging), decoded the same way (RUN/final_avgN_<set>.json).
   if [ "$average" -gt 0 ] && python -m asr.average --run-dir "$exp" --last "$average"; then
