@@ -452,7 +452,6 @@ class LexiconDecoder:
                                f"decode with the lexicon the model was trained with (its data.lexicon)")
         if ngram is not None and not Path(ngram).is_file():
             raise FileNotFoundError(f"{ngram}: word n-gram LM not found (build it with asr-prep ngram)")
-        self.vocab = len(lex)
         # blank = the model's phone_vocab; "|" is the word boundary flashlight asks for, never emitted (its
         # posterior is set to -1e4): words follow each other directly, as the phones do.
         self.decoder = ctc_decoder(lexicon=str(lex.folder / "lexicon.txt"), tokens=lex.phones + ["<blank>", "|"],
@@ -510,8 +509,9 @@ def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: i
     rescoring; ``joint`` the joint CTC/attention beam search (``ctc_weight`` is then CTC's weight in the
     search, ``lm``/``lm_weight``/``length_bonus`` as for ``ctc_beam``; at most ``max_ratio`` x encoder
     frames pieces); ``lexicon`` the phone head's posteriors through ``lexicon_decoder`` (a
-    :class:`LexiconDecoder`), its n-best rescored by the word-piece heads at ``att_weight`` (0: not rescored). An utterance whose audio could not be read gets an empty hypothesis (all its words
-    are errors) and a ``skipped`` reason."""
+    :class:`LexiconDecoder`), its n-best rescored by the word-piece heads at ``att_weight`` (0: not rescored).
+    An utterance whose audio could not be read gets an empty hypothesis (all its words are errors) and a
+    ``skipped`` reason."""
     from tqdm import tqdm
     from .loader import collate, eval_batches
     unknown = [m for m in methods if m not in METHODS]

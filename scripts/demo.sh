@@ -2,7 +2,8 @@
 # The main job: the BFA recipe end to end on a 2-core machine in under 15 minutes.
 #   stage 0  synthesize a 2,500-utterance corpus (about 2 h of speech; unseen voices in dev/test) and its
 #            far-field test set
-#   stage 1  sentencepiece word pieces, feature statistics, the simulated rooms of the first 12 epochs (built on
+#   stage 1  sentencepiece word pieces, the pronunciation lexicon (espeak-ng) and a word 4-gram (KenLM), feature
+#            statistics, the simulated rooms of the first 12 epochs (built on
 #            both cores now rather than by the loader workers while the trainers wait), and a word-piece LSTM LM
 #            on text only (1 min: run.sh lets the minutes, not 3 epochs, end it; 3 epochs took 0:40)
 #   stage 2  horovodrun with 2 workers, cpu-small model, Global-QSGD 8-bit compression, not pipelined (in 7
@@ -10,9 +11,10 @@
 #            against 61.8% clean at 1,800 equal steps, RESULTS.md 2026-12-03), VTLP, speed perturbation
 #            and the room simulator on CPU loader workers (from epoch 1),
 #            7 minutes; CTC dev WER after every epoch
-#   stage 3  WER of every epoch on the clean and far-field test sets (joint CTC/attention search and CTC
-#            best path, one process per core), JSON and a plot; the last epoch again with the LM fused into the
-#            joint search, its weights chosen on 100 dev utterances (the LM only if it helps there)
+#   stage 3  WER of every epoch on the clean and far-field test sets (the phone head over the lexicon with the
+#            4-gram, and CTC best path, one process per core), JSON and a plot; the last epoch again, each decode's
+#            weights chosen on 100 dev utterances: the lexicon decoder (its 10-best rescored by the word-piece heads
+#            where that helps) and the joint CTC/attention search with the word-piece LM fused in
 # 811 s in all on 2 cores with 7 training minutes (2026-12-02); 892 s with 7.5 (2026-12-03), too close to 15
 # minutes on a host whose speed moves by 20%, so 7 again. With cpu-small's 5 residual layers: 828 s and 60.5%
 # clean (2026-12-03). Not pipelined: stages 2-3 in 555 s, 57.5% clean (2026-12-03). With 40 s of audio per
