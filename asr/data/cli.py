@@ -51,8 +51,8 @@ def _lm_text(a) -> int:
 
 
 def _lexicon(a) -> int:
-    from .lexicon import build_lexicon, main_summary
-    main_summary(build_lexicon(a.text, a.manifest or [], a.out, a.voice), a.out)
+    from .lexicon import build_lexicon, print_summary
+    print_summary(build_lexicon(a.text, a.manifest or [], a.out, a.voice), a.out)
     return 0
 
 

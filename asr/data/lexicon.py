@@ -117,7 +117,7 @@ class Lexicon:
                                f"(transcript {text!r}); rebuild it with asr-prep lexicon over this corpus") from None
 
 
-def main_summary(summary: dict, out_dir) -> None:
+def print_summary(summary: dict, out_dir) -> None:
     print(f"asr-prep lexicon: {summary['words']} words over {summary['phones']} phones -> {out_dir}"
           + (f"; espeak-ng gave no phones for {len(summary['unspelt'])} (left out)" if summary["unspelt"] else ""),
           file=sys.stderr)
