@@ -146,25 +146,24 @@ print(int(T.load(sys.argv[1]).model_config.get("phone_ctc_weight", 0) > 0))' "$e
   # The last checkpoint with the LM fused into the joint search (RUN/final_<set>.json): the CTC weight, LM weight
   # and length bonus chosen by WER on the first 100 dev utterances (--tune-on; the LM only if it helps there;
   # --lm-weight W fixes the LM weight), then both test sets decoded with them, side by side.
-  if [ -f "$corpus/lm/lm.pt" ]; then
-    finals=(); jsons=()
+  # final_sets PREFIX: each test set with its result file RUN/PREFIX<set>.json, as asr-eval arguments in $finals
+  final_sets() {
+    finals=()
     for m in "$corpus/test.jsonl" "$corpus/test_far.jsonl"; do
-      [ -f "$m" ] || continue
-      finals+=(--manifest "$m"); jsons+=(--json "$exp/final_$(basename "$m" .jsonl).json")
+      [ -f "$m" ] && finals+=(--manifest "$m" --json "$exp/$1$(basename "$m" .jsonl).json")
     done
-    asr-eval --checkpoint "$exp/checkpoints/last.pt" "${finals[@]}" "${jsons[@]}" --method joint \
+  }
+  if [ -f "$corpus/lm/lm.pt" ]; then
+    final_sets final_
+    asr-eval --checkpoint "$exp/checkpoints/last.pt" "${finals[@]}" --method joint \
       --lm "$corpus/lm/lm.pt" ${lm_weight:+--lm-weight "$lm_weight"} --tune-on "$corpus/dev.jsonl" --jobs "$cores" \
       || log "LM decoding skipped (see the message above)"
   fi
   # With a phone head, the last checkpoint through the lexicon decoder as well (RUN/final_lexicon_<set>.json): the
   # n-gram weight, the word score and the n-best rescoring weight chosen on the same 100 dev utterances.
   if [ "$phone_head" = 1 ]; then
-    finals=(); jsons=()
-    for m in "$corpus/test.jsonl" "$corpus/test_far.jsonl"; do
-      [ -f "$m" ] || continue
-      finals+=(--manifest "$m"); jsons+=(--json "$exp/final_lexicon_$(basename "$m" .jsonl).json")
-    done
-    asr-eval --checkpoint "$exp/checkpoints/last.pt" "${finals[@]}" "${jsons[@]}" --method lexicon \
+    final_sets final_lexicon_
+    asr-eval --checkpoint "$exp/checkpoints/last.pt" "${finals[@]}" --method lexicon \
       --tune-on "$corpus/dev.jsonl" --jobs "$cores" || log "lexicon decoding skipped (see the message above)"
   fi
   # The mean of the last N epoch checkpoints (ESPnet's averaging), decoded the same way (RUN/final_avgN_<set>.json).
