@@ -80,8 +80,7 @@ def parse_args(argv=None):
                         "length bonus by WER on this manifest (a dev set, never a test set), then decode with them; "
                         "--method lexicon: the n-gram's weight and the word score, then the n-best rescoring weight. "
                         "A flag given explicitly (--ctc-weight, --lm-weight, --length-bonus, --word-score, --att-weight) "
-                        "is kept, "
-                        "not tuned; the grid is the checkpoint's decode.tune_* (see asr.config.DecodeConfig)")
+                        "is kept, not tuned; the grid is the checkpoint's decode.tune_* (see asr.config.DecodeConfig)")
     p.add_argument("--tune-limit", type=int, default=100, help="--tune-on: its first N utterances (default 100)")
     args = p.parse_args(argv)
     if args.jobs < 1:
@@ -192,7 +191,7 @@ def _lexicon_decoder(lexicon, ngram, lm_weight, word_score, beam, phone_vocab, n
     key = (str(lexicon), str(ngram), lm_weight, word_score, beam, phone_vocab, nbest)
     if key not in _LEXICON_DECODERS:
         try:
-            _LEXICON_DECODERS[key] = LexiconDecoder(lexicon, ngram, lm_weight if ngram else 0.0, word_score, beam,
+            _LEXICON_DECODERS[key] = LexiconDecoder(lexicon, ngram, lm_weight, word_score, beam,
                                                     phone_vocab, nbest)
         except (LexiconError, FileNotFoundError) as e:
             raise SystemExit(f"asr-eval: {e}")
@@ -344,6 +343,15 @@ def _finish(pool) -> None:
     pool.join()
 
 
+def _tune_rows(args, lm_path, base: dict, settings: list[dict]) -> list[dict]:
+    """Each setting decoded on ``args.tune_on`` (``args.jobs`` at once): the setting with its WER, SER and
+    per-domain WER, in the settings' order."""
+    jobs = [(args.checkpoint, lm_path, args.tune_on, args.tune_limit, {**base, **st}) for st in settings]
+    return [{**st, "wer": r["wer"], "ser": r["ser"], "utterances": r["utterances"],
+             **({"per_domain": {d: x["wer"] for d, x in r["per_domain"].items()}} if "per_domain" in r else {})}
+            for st, r in zip(settings, _map(_decode_job, jobs, args.jobs))]
+
+
 def tune(args, ckpt, base: dict) -> dict:
     """Choose the joint search's CTC weight, LM weight and length bonus by WER on ``args.tune_on`` (first
     ``args.tune_limit`` utterances): the CTC weight without the LM first (decode.tune_ctc_weights), then, with
@@ -359,12 +367,7 @@ def tune(args, ckpt, base: dict) -> dict:
     lm_path = args.lm
 
     def run(settings):
-        jobs = [(args.checkpoint, lm_path, args.tune_on, args.tune_limit, {**base, **st}) for st in settings]
-        out = []
-        for st, r in zip(settings, _map(_decode_job, jobs, args.jobs)):
-            out.append({**st, "wer": r["wer"], "ser": r["ser"], "utterances": r["utterances"],
-                        **({"per_domain": {d: x["wer"] for d, x in r["per_domain"].items()}} if "per_domain" in r else {})})
-        return out
+        return _tune_rows(args, lm_path, base, settings)
 
     rows = run([{"ctc_weight": c, "lm_weight": 0.0, "length_bonus": 0.0} for c in cws])
     if lm_path and any(w > 0 for w in lws):
@@ -388,10 +391,7 @@ def _tune_lexicon(args, dec, base: dict) -> dict:
     aws = [args.att_weight] if args.att_weight is not None else list(dec.tune_rescore_weights)
 
     def run(settings):
-        jobs = [(args.checkpoint, None, args.tune_on, args.tune_limit, {**base, **st}) for st in settings]
-        return [{**st, "wer": r["wer"], "ser": r["ser"], "utterances": r["utterances"],
-                 **({"per_domain": {d: x["wer"] for d, x in r["per_domain"].items()}} if "per_domain" in r else {})}
-                for st, r in zip(settings, _map(_decode_job, jobs, args.jobs))]
+        return _tune_rows(args, None, base, settings)
 
     first = aws[0] if args.att_weight is not None else 0.0
     rows = run([{"lm_weight": w, "word_score": ws, "att_weight": first}
