@@ -157,8 +157,8 @@ class TrainingCheckpoint:
     """What ``asr.train`` writes after every epoch and what ``--resume`` and ``asr-eval`` read: one typed record
     instead of a dict read with ``.get`` chains.
 
-    Paths (tokenizer, statistics) are stored relative to the checkpoint's folder, so a run folder moved together
-    with its corpus still finds them; ``tokenizer_digest`` names the sentencepiece model the model was trained
+    Paths (tokenizer, statistics, and the config's lexicon and n-gram that asr-eval reads) are stored relative to
+    the checkpoint's folder, so a run folder moved together with its corpus still finds them; ``tokenizer_digest`` names the sentencepiece model the model was trained
     with (an LM or a tokenizer of another model is recognised); ``features`` are the feature settings of the
     statistics file; ``optimizer`` holds the wrapped optimizer's state and every worker's codec state."""
     model: dict
@@ -174,11 +174,18 @@ class TrainingCheckpoint:
     dev_wer_greedy: float | None = None
     format: int = TRAINING_FORMAT
 
+    # config entries that name a file asr-eval opens (section, key): kept relative like tokenizer and stats
+    CONFIG_PATHS = (("data", "lexicon"), ("decode", "ngram"))
+
     def save(self, path) -> None:
         path = Path(path)
         rec = dataclasses.asdict(self)
+        here = path.resolve().parent
         for key in ("tokenizer", "stats"):
-            rec[key] = os.path.relpath(Path(rec[key]).resolve(), path.resolve().parent)
+            rec[key] = os.path.relpath(Path(rec[key]).resolve(), here)
+        for section, key in self.CONFIG_PATHS:
+            if (rec["config"].get(section) or {}).get(key):
+                rec["config"][section][key] = os.path.relpath(Path(rec["config"][section][key]).resolve(), here)
         atomic_save(rec, path)
 
     @classmethod
@@ -193,8 +200,12 @@ class TrainingCheckpoint:
         rec.setdefault("epoch", 0)
         rec.setdefault("step", 0)
         rec["format"] = rec.get("format", 1)
+        here = path.resolve().parent
         for key in ("tokenizer", "stats"):
-            rec[key] = str((path.resolve().parent / rec[key]).resolve())       # absolute stays absolute
+            rec[key] = str((here / rec[key]).resolve())       # absolute stays absolute
+        for section, key in cls.CONFIG_PATHS:
+            if (rec["config"].get(section) or {}).get(key):
+                rec["config"][section][key] = str((here / rec["config"][section][key]).resolve())
         return cls(**rec)
 
 

@@ -170,23 +170,34 @@ def test_asr_eval_names_a_bad_checkpoint(tmp_path):
 
 def test_training_checkpoint_round_trip_with_relative_paths(tmp_path):
     """Issue 17: the typed training checkpoint stores the tokenizer and statistics relative to its folder, so a
-    run moved together with its corpus still finds them; older dict checkpoints (absolute paths) still load."""
+    run moved together with its corpus still finds them; older dict checkpoints (absolute paths) still load.
+    Issue 15: so do the config's lexicon and n-gram (what asr-eval --method lexicon opens); unset ones stay unset."""
     from asr.checkpoint import TrainingCheckpoint
     corpus, run = tmp_path / "exp" / "corpus", tmp_path / "exp" / "run"
     (corpus / "tok").mkdir(parents=True)
     (corpus / "tok" / "t.model").write_bytes(b"sp")
-    ck = TrainingCheckpoint(model={"w": torch.ones(2)}, model_config={"vocab_size": 5}, config={"data": {}}, epoch=3,
+    config = {"data": {"lexicon": str(corpus / "lexicon"), "train": "x.jsonl"},
+              "decode": {"ngram": str(corpus / "lm" / "words.4gram.bin")}}
+    ck = TrainingCheckpoint(model={"w": torch.ones(2)}, model_config={"vocab_size": 5}, config=config, epoch=3,
                             step=40, tokenizer=str(corpus / "tok" / "t.model"), stats=str(corpus / "stats.json"),
                             optimizer={"state": {}, "param_groups": []}, tokenizer_digest="abc",
                             features={"n_mels": 40}, dev_wer_greedy=0.5)
     ck.save(run / "checkpoints" / "last.pt")
     raw = load_checkpoint(run / "checkpoints" / "last.pt")
     assert raw["tokenizer"] == "../../corpus/tok/t.model" and raw["format"] == 2
+    assert raw["config"]["data"]["lexicon"] == "../../corpus/lexicon" and raw["config"]["data"]["train"] == "x.jsonl"
+    assert raw["config"]["decode"]["ngram"] == "../../corpus/lm/words.4gram.bin"
+    assert ck.config["data"]["lexicon"] == str(corpus / "lexicon")          # saving leaves the record as it was
     moved = tmp_path / "elsewhere" / "exp"
     moved.parent.mkdir()
     (tmp_path / "exp").rename(moved)
     again = TrainingCheckpoint.load(moved / "run" / "checkpoints" / "last.pt")
     assert again.tokenizer == str((moved / "corpus" / "tok" / "t.model").resolve())
+    assert again.config["data"]["lexicon"] == str((moved / "corpus" / "lexicon").resolve())
+    assert again.config["decode"]["ngram"] == str((moved / "corpus" / "lm" / "words.4gram.bin").resolve())
+    TrainingCheckpoint(model={}, model_config={}, config={"data": {"lexicon": ""}}, epoch=0, step=0,
+                       tokenizer="t", stats="s").save(tmp_path / "unset.pt")
+    assert TrainingCheckpoint.load(tmp_path / "unset.pt").config == {"data": {"lexicon": ""}}
     assert again.epoch == 3 and again.step == 40 and torch.equal(again.model["w"], torch.ones(2))
     assert again.features == {"n_mels": 40} and again.tokenizer_digest == "abc" and again.optimizer["state"] == {}
     atomic_save({"model": {}, "model_config": {}, "epoch": 1, "step": 2, "tokenizer": "/abs/t.model",
