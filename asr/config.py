@@ -165,6 +165,8 @@ class DecodeConfig:
     lexicon_rescore_weight: float = 0.0 # their weight: score + w x (log P_att + log P_ctc) of the words' pieces
     tune_word_scores: list = field(default_factory=lambda: [-1.0, 0.0, 1.0, 2.0])
     tune_rescore_weights: list = field(default_factory=lambda: [0.0, 0.1, 0.2, 0.4])
+    lexicon_blank_penalty: float = 0.0  # taken off the blank's log-probability per frame (asr-eval --blank-penalty)
+    tune_blank_penalties: list = field(default_factory=lambda: [0.0, 0.5, 1.0, 1.5, 2.0])
 
     def __post_init__(self):
         from .decode import METHODS

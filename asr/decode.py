@@ -440,10 +440,12 @@ class LexiconDecoder:
     """Phone CTC posteriors -> words (``--method lexicon``): torchaudio's lexicon-constrained CTC beam search
     (flashlight-text) over the words of an ``asr-prep lexicon`` folder, fused with a word n-gram LM (KenLM, from
     ``asr-prep ngram``) at ``lm_weight`` plus ``word_score`` per word. Every output is a word of the lexicon, and an
-    unseen word is found from its phones, which the model has heard in other words."""
+    unseen word is found from its phones, which the model has heard in other words. ``blank_penalty`` is taken off
+    the blank's log-probability in every frame first (as icefall's and sherpa's ``blank_penalty``): where blank
+    only narrowly wins, as on reverberant speech, the phones under it are searched instead of the word deleted."""
 
     def __init__(self, lexicon_dir, ngram=None, lm_weight: float = 1.5, word_score: float = 0.0, beam: int = 50,
-                 phone_vocab: int | None = None, nbest: int = 1):
+                 phone_vocab: int | None = None, nbest: int = 1, blank_penalty: float = 0.0):
         from torchaudio.models.decoder import ctc_decoder
         from .data.lexicon import Lexicon, LexiconError
         lex = Lexicon(lexicon_dir)
@@ -452,6 +454,7 @@ class LexiconDecoder:
                                f"decode with the lexicon the model was trained with (its data.lexicon)")
         if ngram is not None and not Path(ngram).is_file():
             raise FileNotFoundError(f"{ngram}: word n-gram LM not found (build it with asr-prep ngram)")
+        self.blank_penalty = float(blank_penalty)
         # blank = the model's phone_vocab; "|" is the word boundary flashlight asks for, never emitted (its
         # posterior is set to -1e4): words follow each other directly, as the phones do.
         self.decoder = ctc_decoder(lexicon=str(lex.folder / "lexicon.txt"), tokens=lex.phones + ["<blank>", "|"],
@@ -462,9 +465,13 @@ class LexiconDecoder:
 
     def nbest(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[tuple[str, float]]]:
         """log_probs [B, T, phone_vocab + 1] (blank last), lengths [B] -> per utterance the n-best (words, score),
-        best first (the score: phone log-probabilities + lm_weight x n-gram + word_score per word)."""
+        best first (the score: phone log-probabilities, the blank's less blank_penalty, + lm_weight x n-gram +
+        word_score per word)."""
         B, T, _ = log_probs.shape
-        em = torch.cat([log_probs.float().cpu(), torch.full((B, T, 1), -1e4)], dim=-1).contiguous()
+        em = torch.cat([log_probs.float().cpu(), torch.full((B, T, 1), -1e4)], dim=-1)
+        if self.blank_penalty:
+            em[..., -2] -= self.blank_penalty             # the blank: the model's last column, before "|"
+        em = em.contiguous()
         results = self.decoder(em, lengths.to(torch.int32).cpu())
         return [[(" ".join(h.words), float(h.score)) for h in r] or [("", 0.0)] for r in results]
 

@@ -60,6 +60,9 @@ def parse_args(argv=None):
                                    "lexicon alone)")
     p.add_argument("--lexicon", help="lexicon: the asr-prep lexicon folder (default: the model's data.lexicon)")
     p.add_argument("--word-score", type=float, help="lexicon: score added per word (default: decode.word_score)")
+    p.add_argument("--blank-penalty", type=float, help="lexicon: taken off the blank's log-probability in every "
+                                                       "frame, against deleted words (default: "
+                                                       "decode.lexicon_blank_penalty)")
     p.add_argument("--length-bonus", type=float,
                    help="score added per piece, against the LM's pull towards short hypotheses (default with --lm: "
                         "decode.length_bonus, joint: decode.joint_length_bonus; 0 without)")
@@ -78,8 +81,9 @@ def parse_args(argv=None):
     p.add_argument("--tune-on", metavar="DEV.jsonl",
                    help="--checkpoint, --method joint: first choose the CTC weight and (with --lm) the LM weight and "
                         "length bonus by WER on this manifest (a dev set, never a test set), then decode with them; "
-                        "--method lexicon: the n-gram's weight and the word score, then the n-best rescoring weight. "
-                        "A flag given explicitly (--ctc-weight, --lm-weight, --length-bonus, --word-score, --att-weight) "
+                        "--method lexicon: the n-gram's weight and the word score, then the blank penalty, then the "
+                        "n-best rescoring weight. A flag given explicitly (--ctc-weight, --lm-weight, --length-bonus, "
+                        "--word-score, --blank-penalty, --att-weight) "
                         "is kept, not tuned; the grid is the checkpoint's decode.tune_* (see asr.config.DecodeConfig)")
     p.add_argument("--tune-limit", type=int, default=100, help="--tune-on: its first N utterances (default 100)")
     args = p.parse_args(argv)
@@ -123,7 +127,8 @@ def load_checkpoint(path):
 def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0, limit: int = 0,
              batch_seconds: float = 120.0, desc: str = "", method: str = "attention", lm=None,
              lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0, max_ratio: float = 1.0,
-             lexicon=None, ngram=None, word_score: float = 0.0, lexicon_nbest: int = 10) -> dict:
+             lexicon=None, ngram=None, word_score: float = 0.0, lexicon_nbest: int = 10,
+             blank_penalty: float = 0.0) -> dict:
     """Decode a manifest; return WER, SER (overall, ``per_speaker`` and, when the manifest's entries carry a
     ``domain``, ``per_domain``), the decoding time and every (id, ref, hyp).
 
@@ -132,8 +137,8 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     also lists them under ``skipped`` and counts them in ``skipped_utterances``.
 
     ``method="lexicon"``: the phone head through a :class:`asr.decode.LexiconDecoder` over the ``lexicon`` folder and
-    the ``ngram`` LM (``lm_weight``, ``word_score``; ``beam`` is its beam), its ``lexicon_nbest`` best rescored by
-    the word-piece heads at ``att_weight`` (0: the best alone)."""
+    the ``ngram`` LM (``lm_weight``, ``word_score``, ``blank_penalty``; ``beam`` is its beam), its ``lexicon_nbest``
+    best rescored by the word-piece heads at ``att_weight`` (0: the best alone)."""
     from .decode import decode_manifest
     from .loader import SpeechDataset
     from .metrics import ErrorCounts, utterance_errors
@@ -154,7 +159,7 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
         if not lexicon:
             raise SystemExit("asr-eval: --method lexicon needs --lexicon (the model's config names no data.lexicon)")
         lexicon_decoder = _lexicon_decoder(lexicon, ngram, lm_weight, word_score, beam, model.config.phone_vocab,
-                                           lexicon_nbest if att_weight > 0 else 1)
+                                           lexicon_nbest if att_weight > 0 else 1, blank_penalty)
         ctc_weight, length_bonus = 0.0, 0.0
     t0 = time.perf_counter()
     rows = decode_manifest(model, tok, ds, (method,), beam=beam, ctc_weight=ctc_weight, lm=lm, lm_weight=lm_weight,
@@ -173,7 +178,8 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     if any("domain" in e for e in ds.entries):          # older manifests have no domain: no breakdown
         res["per_domain"] = _breakdown(ds.entries, rows, counts, "domain")
     extra = {"lexicon": str(lexicon), "ngram": str(ngram) if ngram else None, "word_score": word_score,
-             "lexicon_nbest": lexicon_nbest if att_weight > 0 else 1} if method == "lexicon" else {}
+             "blank_penalty": blank_penalty, "lexicon_nbest": lexicon_nbest if att_weight > 0 else 1} \
+        if method == "lexicon" else {}
     return {**res, "method": method, "beam": beam, "ctc_weight": ctc_weight,
             "lm_weight": lm_weight if lm or (method == "lexicon" and ngram) else 0.0, **extra,
             "length_bonus": length_bonus, "att_weight": att_weight, "max_ratio": max_ratio,
@@ -184,15 +190,15 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
 _LEXICON_DECODERS: dict = {}
 
 
-def _lexicon_decoder(lexicon, ngram, lm_weight, word_score, beam, phone_vocab, nbest):
+def _lexicon_decoder(lexicon, ngram, lm_weight, word_score, beam, phone_vocab, nbest, blank_penalty=0.0):
     """A LexiconDecoder, built once per process and setting (building one reads the LM and the lexicon's trie)."""
     from .data.lexicon import LexiconError
     from .decode import LexiconDecoder
-    key = (str(lexicon), str(ngram), lm_weight, word_score, beam, phone_vocab, nbest)
+    key = (str(lexicon), str(ngram), lm_weight, word_score, beam, phone_vocab, nbest, blank_penalty)
     if key not in _LEXICON_DECODERS:
         try:
             _LEXICON_DECODERS[key] = LexiconDecoder(lexicon, ngram, lm_weight, word_score, beam,
-                                                    phone_vocab, nbest)
+                                                    phone_vocab, nbest, blank_penalty)
         except (LexiconError, FileNotFoundError) as e:
             raise SystemExit(f"asr-eval: {e}")
     return _LEXICON_DECODERS[key]
@@ -258,6 +264,7 @@ def _decode_opts(args, ckpt, lm=None, method: str | None = None) -> dict:
                     lexicon=args.lexicon or ckpt.config.get("data", {}).get("lexicon") or None, ngram=ngram,
                     lm_weight=pick(args.lm_weight, dec.lexicon_lm_weight) if ngram else 0.0,
                     word_score=pick(args.word_score, dec.word_score),
+                    blank_penalty=pick(args.blank_penalty, dec.lexicon_blank_penalty),
                     att_weight=pick(args.att_weight, dec.lexicon_rescore_weight), lexicon_nbest=dec.lexicon_nbest)
     return opts
 
@@ -383,28 +390,38 @@ def tune(args, ckpt, base: dict) -> dict:
 
 
 def _tune_lexicon(args, dec, base: dict) -> dict:
-    """--method lexicon: the n-gram's weight x the word score by WER on ``args.tune_on`` (decode.tune_ngram_weights x
-    decode.tune_word_scores), then at the best of them the n-best rescoring weight (decode.tune_rescore_weights; 0
-    = not rescored). A flag given explicitly stays fixed; the lowest WER wins (ties: the earlier, simpler setting)."""
+    """--method lexicon, one setting at a time by WER on ``args.tune_on``: the n-gram's weight x the word score
+    (decode.tune_ngram_weights x decode.tune_word_scores, blank penalty 0), then at the best of them the blank penalty
+    (decode.tune_blank_penalties), then the n-best rescoring weight (decode.tune_rescore_weights; 0 = not rescored).
+    A flag given explicitly stays fixed; the lowest WER wins (ties: the earlier, simpler setting)."""
     lws = [args.lm_weight] if args.lm_weight is not None else list(dec.tune_ngram_weights)
     wss = [args.word_score] if args.word_score is not None else list(dec.tune_word_scores)
+    bps = [args.blank_penalty] if args.blank_penalty is not None else list(dec.tune_blank_penalties)
     aws = [args.att_weight] if args.att_weight is not None else list(dec.tune_rescore_weights)
 
     def run(settings):
         return _tune_rows(args, None, base, settings)
 
-    first = aws[0] if args.att_weight is not None else 0.0
-    rows = run([{"lm_weight": w, "word_score": ws, "att_weight": first}
+    first_a = aws[0] if args.att_weight is not None else 0.0
+    first_b = bps[0] if args.blank_penalty is not None else 0.0
+    rows = run([{"lm_weight": w, "word_score": ws, "blank_penalty": first_b, "att_weight": first_a}
                 for w in (lws if base.get("ngram") else [0.0]) for ws in wss])
     best = min(rows, key=lambda r: r["wer"])
-    rows += run([{"lm_weight": best["lm_weight"], "word_score": best["word_score"], "att_weight": a}
-                 for a in aws if a != first])
+    rows += run([{**_lexicon_setting(best), "blank_penalty": b} for b in bps if b != first_b])
+    best = min(rows, key=lambda r: r["wer"])
+    rows += run([{**_lexicon_setting(best), "att_weight": a} for a in aws if a != first_a])
     chosen = min(rows, key=lambda r: r["wer"])
-    pick = {k: chosen[k] for k in ("lm_weight", "word_score", "att_weight")}
+    pick = _lexicon_setting(chosen)
     print(f"[asr-eval] tuned on {Path(args.tune_on).name} ({chosen['utterances']} utterances, {len(rows)} settings): "
-          f"n-gram weight {pick['lm_weight']:g}, word score {pick['word_score']:g}, rescoring weight "
-          f"{pick['att_weight']:g}: dev WER {100 * chosen['wer']:.2f}%", flush=True)
+          f"n-gram weight {pick['lm_weight']:g}, word score {pick['word_score']:g}, blank penalty "
+          f"{pick['blank_penalty']:g}, rescoring weight {pick['att_weight']:g}: dev WER {100 * chosen['wer']:.2f}%",
+          flush=True)
     return {"manifest": str(args.tune_on), "utterances": chosen["utterances"], "chosen": pick, "grid": rows}
+
+
+def _lexicon_setting(row: dict) -> dict:
+    """The lexicon decoder's tuned keys of a grid row."""
+    return {k: row[k] for k in ("lm_weight", "word_score", "blank_penalty", "att_weight")}
 
 
 def _epoch_of(ck: Path) -> int:
@@ -539,6 +556,7 @@ def _describe(r: dict) -> str:
             "lexicon": f"phone CTC over the lexicon, beam {r['beam']}"
                        + (f", word n-gram weight {r['lm_weight']}" if r["lm_weight"] else ", no n-gram")
                        + f", word score {r.get('word_score', 0)}"
+                       + (f", blank penalty {r['blank_penalty']}" if r.get("blank_penalty") else "")
                        + (f", {r.get('lexicon_nbest')}-best rescored at {r['att_weight']}" if r["att_weight"] else ""),
             }.get(r["method"], "attention greedy" if r["beam"] <= 1 else f"attention beam {r['beam']}"
                   + (f", CTC rescoring weight {r['ctc_weight']}" if r["ctc_weight"] else ""))

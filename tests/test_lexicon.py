@@ -116,6 +116,25 @@ def test_the_lexicon_decoder_finds_the_words_whose_phones_it_hears(lexicon_dir, 
         LexiconDecoder(lexicon_dir / "lexicon", ngram=tmp_path / "none.bin")
 
 
+def test_a_blank_penalty_brings_back_a_word_whose_phones_blank_narrowly_outscores(lexicon_dir):
+    """Reverberant speech: every frame of a word's phones has the blank a little ahead (-0.5 against -1.0), so the
+    best path is all blank and the word is deleted; a blank penalty of 1 lets the phones win, and leaves the
+    caller's posteriors as they were."""
+    lex = Lexicon(lexicon_dir / "lexicon")
+    em = _emissions(lex, ["cat"])
+    P = len(lex)
+    phone_frames = em[0].argmax(-1) != P
+    em[0, phone_frames] = torch.full((P + 1,), -12.0)
+    em[0, phone_frames, P] = -0.5
+    em[0, phone_frames.nonzero()[:, 0], em.new_tensor([lex.index[p] for p in lex.words["cat"] for _ in (0, 1)],
+                                                     dtype=torch.long)] = -1.0
+    before = em.clone()
+    n = torch.tensor([em.shape[1]])
+    assert LexiconDecoder(lexicon_dir / "lexicon", phone_vocab=P)(em, n) == [""]
+    assert LexiconDecoder(lexicon_dir / "lexicon", phone_vocab=P, blank_penalty=1.0)(em, n) == ["cat"]
+    assert torch.equal(em, before)
+
+
 def test_ngram_errors_say_what_is_missing(tmp_path, monkeypatch):
     with pytest.raises(NgramError, match="no LM text"):
         build_ngram(tmp_path / "absent.txt", tmp_path / "lm.bin")

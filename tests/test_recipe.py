@@ -324,7 +324,8 @@ def test_phone_head_trains_on_two_workers_and_the_lexicon_decoder_reads_it(corpu
     assert res["method"] == "lexicon" and res["ngram"] == str(lm / "words.3gram.bin")
     assert len(res["hypotheses"]) == len((corpus / "test.jsonl").read_text().splitlines())
     assert all(w in words for h in res["hypotheses"] for w in h["hyp"].split())
-    assert set(res["tuned_on"]["chosen"]) == {"lm_weight", "word_score", "att_weight"}
+    assert set(res["tuned_on"]["chosen"]) == {"lm_weight", "word_score", "blank_penalty", "att_weight"}
+    assert {r["blank_penalty"] for r in res["tuned_on"]["grid"]} == {0.0, 0.5, 1.0, 1.5, 2.0}
     # a lexicon folder that is not there is refused, naming it
     bad = subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
                           corpus / "test.jsonl", "--method", "lexicon", "--lexicon", tmp_path / "missing"],
