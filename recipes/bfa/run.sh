@@ -160,7 +160,8 @@ print(int(T.load(sys.argv[1]).model_config.get("phone_ctc_weight", 0) > 0))' "$e
       || log "LM decoding skipped (see the message above)"
   fi
   # With a phone head, the last checkpoint through the lexicon decoder as well (RUN/final_lexicon_<set>.json): the
-  # n-gram weight, the word score and the n-best rescoring weight chosen on the same 100 dev utterances.
+  # n-gram weight, the word score, the blank penalty and the n-best rescoring weight chosen on the same 100 dev
+  # utterances.
   if [ "$phone_head" = 1 ]; then
     final_sets final_lexicon_
     asr-eval --checkpoint "$exp/checkpoints/last.pt" "${finals[@]}" --method lexicon \
