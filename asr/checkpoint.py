@@ -158,9 +158,10 @@ class TrainingCheckpoint:
     instead of a dict read with ``.get`` chains.
 
     Paths (tokenizer, statistics, and the config's lexicon and n-gram that asr-eval reads) are stored relative to
-    the checkpoint's folder, so a run folder moved together with its corpus still finds them; ``tokenizer_digest`` names the sentencepiece model the model was trained
-    with (an LM or a tokenizer of another model is recognised); ``features`` are the feature settings of the
-    statistics file; ``optimizer`` holds the wrapped optimizer's state and every worker's codec state."""
+    the checkpoint's folder, so a run folder moved together with its corpus still finds them; ``tokenizer_digest``
+    names the sentencepiece model the model was trained with (an LM or a tokenizer of another model is
+    recognised); ``features`` are the feature settings of the statistics file; ``optimizer`` holds the wrapped
+    optimizer's state and every worker's codec state."""
     model: dict
     model_config: dict
     config: dict
@@ -177,15 +178,20 @@ class TrainingCheckpoint:
     # config entries that name a file asr-eval opens (section, key): kept relative like tokenizer and stats
     CONFIG_PATHS = (("data", "lexicon"), ("decode", "ngram"))
 
+    @classmethod
+    def _path_slots(cls, rec: dict):
+        """(dict, key) of every path a record holds: tokenizer, stats and the config's CONFIG_PATHS that are set."""
+        yield from ((rec, "tokenizer"), (rec, "stats"))
+        for section, key in cls.CONFIG_PATHS:
+            if (rec["config"].get(section) or {}).get(key):
+                yield rec["config"][section], key
+
     def save(self, path) -> None:
         path = Path(path)
         rec = dataclasses.asdict(self)
         here = path.resolve().parent
-        for key in ("tokenizer", "stats"):
-            rec[key] = os.path.relpath(Path(rec[key]).resolve(), here)
-        for section, key in self.CONFIG_PATHS:
-            if (rec["config"].get(section) or {}).get(key):
-                rec["config"][section][key] = os.path.relpath(Path(rec["config"][section][key]).resolve(), here)
+        for d, key in self._path_slots(rec):
+            d[key] = os.path.relpath(Path(d[key]).resolve(), here)
         atomic_save(rec, path)
 
     @classmethod
@@ -201,11 +207,8 @@ class TrainingCheckpoint:
         rec.setdefault("step", 0)
         rec["format"] = rec.get("format", 1)
         here = path.resolve().parent
-        for key in ("tokenizer", "stats"):
-            rec[key] = str((here / rec[key]).resolve())       # absolute stays absolute
-        for section, key in cls.CONFIG_PATHS:
-            if (rec["config"].get(section) or {}).get(key):
-                rec["config"][section][key] = str((here / rec["config"][section][key]).resolve())
+        for d, key in cls._path_slots(rec):
+            d[key] = str((here / d[key]).resolve())       # absolute stays absolute
         return cls(**rec)
 
 

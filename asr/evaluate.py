@@ -402,14 +402,14 @@ def _tune_lexicon(args, dec, base: dict) -> dict:
     def run(settings):
         return _tune_rows(args, None, base, settings)
 
-    first_a = aws[0] if args.att_weight is not None else 0.0
-    first_b = bps[0] if args.blank_penalty is not None else 0.0
-    rows = run([{"lm_weight": w, "word_score": ws, "blank_penalty": first_b, "att_weight": first_a}
+    # the later settings start at their flag, else at 0 (no penalty, not rescored), and are then tried in turn
+    later = {"blank_penalty": (bps, bps[0] if args.blank_penalty is not None else 0.0),
+             "att_weight": (aws, aws[0] if args.att_weight is not None else 0.0)}
+    rows = run([{"lm_weight": w, "word_score": ws, **{k: first for k, (_, first) in later.items()}}
                 for w in (lws if base.get("ngram") else [0.0]) for ws in wss])
-    best = min(rows, key=lambda r: r["wer"])
-    rows += run([{**_lexicon_setting(best), "blank_penalty": b} for b in bps if b != first_b])
-    best = min(rows, key=lambda r: r["wer"])
-    rows += run([{**_lexicon_setting(best), "att_weight": a} for a in aws if a != first_a])
+    for key, (grid, first) in later.items():
+        best = min(rows, key=lambda r: r["wer"])
+        rows += run([{**_lexicon_setting(best), key: v} for v in grid if v != first])
     chosen = min(rows, key=lambda r: r["wer"])
     pick = _lexicon_setting(chosen)
     print(f"[asr-eval] tuned on {Path(args.tune_on).name} ({chosen['utterances']} utterances, {len(rows)} settings): "
