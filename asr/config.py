@@ -167,6 +167,10 @@ class DecodeConfig:
     tune_rescore_weights: list = field(default_factory=lambda: [0.0, 0.1, 0.2, 0.4])
     lexicon_blank_penalty: float = 0.0  # taken off the blank's log-probability per frame (asr-eval --blank-penalty)
     tune_blank_penalties: list = field(default_factory=lambda: [0.0, 0.5, 1.0, 1.5, 2.0])
+    # asr-eval --method combine: the lexicon n-best and the joint search's pooled and reranked (asr.combine);
+    # weights of asr.combine.FEATURES, {} = asr.combine.START (the lexicon decoder's own trade-off). --tune-on
+    # chooses them on dev, after the joint search's settings.
+    combine_weights: dict = field(default_factory=dict)
 
     def __post_init__(self):
         from .decode import METHODS

@@ -84,18 +84,28 @@ def _select(state, idx):
 
 
 @torch.no_grad()
+def forced_ctc(log_probs: torch.Tensor, length: int, seqs: list[list[int]], blank: int) -> list[float]:
+    """log P_ctc(seq | audio) of each label sequence, summed over every alignment, from one utterance's CTC
+    log-probabilities ``log_probs`` [>=length, C]. A sequence the ``length`` frames cannot hold scores -inf (not
+    CTC loss's zero_infinity 0, which would make it the best)."""
+    if not seqs:
+        return []
+    n = len(seqs)
+    lp = log_probs[:length, None].expand(-1, n, -1)
+    lens = torch.tensor([len(s) for s in seqs], device=lp.device)
+    targets = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=lp.device)
+    nll = F.ctc_loss(lp, targets, torch.full((n,), int(length), device=lp.device), lens, blank=blank,
+                     reduction="none", zero_infinity=False)
+    return [-float(x) for x in nll]
+
+
+@torch.no_grad()
 def ctc_score(model: BFA, enc, enc_length, hyps: list[list[int]]) -> list[float]:
-    """log P_ctc(hyp | audio) of each hypothesis for one utterance."""
+    """log P_ctc(hyp | audio) of each hypothesis for one utterance (:func:`forced_ctc` of the word-piece head)."""
     if model.ctc_head is None or not hyps:
         return [0.0] * len(hyps)
-    lp = F.log_softmax(model.ctc_head(enc[:1, :enc_length]), dim=-1)     # [1, T, V+1]
-    n = len(hyps)
-    lp = lp.expand(n, -1, -1).transpose(0, 1)
-    lens = torch.tensor([max(len(h), 1) for h in hyps], device=lp.device)
-    targets = torch.tensor([t for h in hyps for t in (h or [0])], device=lp.device)
-    nll = F.ctc_loss(lp, targets, torch.full((n,), int(enc_length), device=lp.device), lens, blank=model.config.eos,
-                     reduction="none", zero_infinity=True)
-    return [-float(x) for x in nll]
+    lp = F.log_softmax(model.ctc_head(enc[0, :enc_length]), dim=-1)     # [T, V+1]
+    return forced_ctc(lp, int(enc_length), hyps, model.config.eos)
 
 
 @torch.no_grad()
@@ -497,14 +507,14 @@ def rescore_lexicon_nbest(model: BFA, tok, enc, enc_lengths, nbest: list[list[tu
     return out
 
 
-METHODS = ("attention", "ctc", "ctc_beam", "joint", "lexicon")
+METHODS = ("attention", "ctc", "ctc_beam", "joint", "lexicon", "combine")
 
 
 @torch.no_grad()
 def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: int = 1, ctc_weight: float = 0.0,
                     lm=None, lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0,
                     max_ratio: float = 1.0, batch_seconds: float = 120.0, shard: tuple[int, int] = (0, 1), progress: str = "",
-                    device=None, lexicon_decoder=None) -> dict[str, list[dict]]:
+                    device=None, lexicon_decoder=None, combiner=None) -> dict[str, list[dict]]:
     """Decode every utterance of ``dataset`` (this worker's ``shard`` = (rank, size) of its length-sorted
     batches) with each of ``methods``; return per method the rows ``{"id", "ref", "hyp"}``.
 
@@ -516,7 +526,9 @@ def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: i
     rescoring; ``joint`` the joint CTC/attention beam search (``ctc_weight`` is then CTC's weight in the
     search, ``lm``/``lm_weight``/``length_bonus`` as for ``ctc_beam``; at most ``max_ratio`` x encoder
     frames pieces); ``lexicon`` the phone head's posteriors through ``lexicon_decoder`` (a
-    :class:`LexiconDecoder`), its n-best rescored by the word-piece heads at ``att_weight`` (0: not rescored).
+    :class:`LexiconDecoder`), its n-best rescored by the word-piece heads at ``att_weight`` (0: not rescored);
+    ``combine`` the lexicon and joint n-best lists pooled and reranked by ``combiner`` (an
+    :class:`asr.combine.Combiner`; each row also keeps its ``candidates`` with their features).
     An utterance whose audio could not be read gets an empty hypothesis (all its words are errors) and a
     ``skipped`` reason."""
     from tqdm import tqdm
@@ -529,6 +541,9 @@ def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: i
     if "lexicon" in methods and (model.phone_head is None or lexicon_decoder is None):
         raise ValueError("--method lexicon needs a model trained with a phone CTC head (model.phone_ctc_weight > 0) "
                          "and a lexicon decoder (asr.decode.LexiconDecoder)")
+    if "combine" in methods and (model.phone_head is None or model.ctc_head is None or combiner is None):
+        raise ValueError("--method combine needs a model trained with a phone CTC head and a word-piece CTC head "
+                         "(model.phone_ctc_weight > 0, model.ctc_weight > 0) and a combiner (asr.combine.Combiner)")
     device = device if device is not None else next(model.parameters()).device
     one_by_one = "attention" in methods and beam > 1           # beam search decodes one utterance at a time
     batches = eval_batches(dataset.durations, 1e-9 if one_by_one else batch_seconds, max_batch=1 if one_by_one else 64)
@@ -552,6 +567,11 @@ def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: i
                 words = (rescore_lexicon_nbest(model, tok, *encoded, nbest, att_weight) if att_weight > 0
                          else [nb[0][0] for nb in nbest])
                 rows[m] += [{"id": i, "ref": r, "hyp": h} for i, r, h in zip(batch.ids, batch.texts, words)]
+                continue
+            if m == "combine":
+                pools = combiner.candidates(model, tok, *encoded)
+                rows[m] += [{"id": i, "ref": r, "hyp": combiner.pick(c), "candidates": c}
+                            for i, r, c in zip(batch.ids, batch.texts, pools)]
                 continue
             if m == "ctc":
                 hyps = ctc_greedy(model, feats, flen, encoded=encoded)

@@ -28,6 +28,19 @@ import torch
 from .decode import METHODS
 
 
+def _weights_arg(text: str) -> dict:
+    """--combine-weights: a JSON object of feature -> weight."""
+    from .combine import full_weights
+    try:
+        weights = json.loads(text)
+        if not isinstance(weights, dict):
+            raise ValueError("expected a JSON object")
+        full_weights(weights)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e} (e.g. '{{\"attention\": 0.3}}')") from None
+    return weights
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="asr-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
@@ -43,7 +56,10 @@ def parse_args(argv=None):
                         "rescoring); ctc: best path of the CTC head (no decoder); ctc_beam: CTC prefix beam search with "
                         "optional LM fusion (--lm), the n-best rescored by the attention decoder (--att-weight); "
                         "lexicon: the phone CTC head's posteriors searched over the words of a pronunciation lexicon "
-                        "with a word n-gram LM (--ngram; a model trained with model.phone_ctc_weight > 0). "
+                        "with a word n-gram LM (--ngram; a model trained with model.phone_ctc_weight > 0); "
+                        "combine: the lexicon decoder's n-best and the joint search's (with --lm) pooled, each "
+                        "candidate scored by every model (phone CTC, word-piece CTC and attention, --lm, --ngram) "
+                        "and the best picked with --combine-weights (chosen on dev with --tune-on). "
                         "Default: the checkpoint's decode.method (joint; attention without a CTC head). Per-epoch "
                         "results of each method are kept apart (NAME, NAME.ctc, NAME.joint, NAME.joint_lm, ...)")
     # Every decoding default is the checkpoint's config decode section (asr.config.DecodeConfig).
@@ -63,6 +79,9 @@ def parse_args(argv=None):
     p.add_argument("--blank-penalty", type=float, help="lexicon: taken off the blank's log-probability in every "
                                                        "frame, against deleted words (default: "
                                                        "decode.lexicon_blank_penalty)")
+    p.add_argument("--combine-weights", type=_weights_arg, metavar="JSON",
+                   help="combine: the features' weights, e.g. '{\"attention\": 0.3, \"words\": 1}' (the rest: "
+                        "asr.combine.START, the lexicon decoder's own trade-off; default: decode.combine_weights)")
     p.add_argument("--length-bonus", type=float,
                    help="score added per piece, against the LM's pull towards short hypotheses (default with --lm: "
                         "decode.length_bonus, joint: decode.joint_length_bonus; 0 without)")
@@ -82,7 +101,9 @@ def parse_args(argv=None):
                    help="--checkpoint, --method joint: first choose the CTC weight and (with --lm) the LM weight and "
                         "length bonus by WER on this manifest (a dev set, never a test set), then decode with them; "
                         "--method lexicon: the n-gram's weight and the word score, then the blank penalty, then the "
-                        "n-best rescoring weight. A flag given explicitly (--ctc-weight, --lm-weight, --length-bonus, "
+                        "n-best rescoring weight; --method combine: the joint search's settings, then the weights "
+                        "of the pooled candidates' features (coordinate descent on dev's word errors; "
+                        "--tune-limit 200 recommended). A flag given explicitly (--ctc-weight, --lm-weight, --length-bonus, "
                         "--word-score, --blank-penalty, --att-weight) "
                         "is kept, not tuned; the grid is the checkpoint's decode.tune_* (see asr.config.DecodeConfig)")
     p.add_argument("--tune-limit", type=int, default=100, help="--tune-on: its first N utterances (default 100)")
@@ -128,7 +149,7 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
              batch_seconds: float = 120.0, desc: str = "", method: str = "attention", lm=None,
              lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0, max_ratio: float = 1.0,
              lexicon=None, ngram=None, word_score: float = 0.0, lexicon_nbest: int = 10,
-             blank_penalty: float = 0.0) -> dict:
+             blank_penalty: float = 0.0, combine: dict | None = None) -> dict:
     """Decode a manifest; return WER, SER (overall, ``per_speaker`` and, when the manifest's entries carry a
     ``domain``, ``per_domain``), the decoding time and every (id, ref, hyp).
 
@@ -138,7 +159,12 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
 
     ``method="lexicon"``: the phone head through a :class:`asr.decode.LexiconDecoder` over the ``lexicon`` folder and
     the ``ngram`` LM (``lm_weight``, ``word_score``, ``blank_penalty``; ``beam`` is its beam), its ``lexicon_nbest``
-    best rescored by the word-piece heads at ``att_weight`` (0: the best alone)."""
+    best rescored by the word-piece heads at ``att_weight`` (0: the best alone).
+
+    ``method="combine"``: the joint search (``beam``, ``ctc_weight``, ``lm``/``lm_weight``, ``length_bonus``,
+    ``max_ratio``) and the lexicon decoder (``lexicon``, ``ngram``, ``word_score``, ``blank_penalty``; its beam,
+    n-gram weight and n-best in ``combine``: ``{"beam", "lm_weight", "nbest", "weights"}``) pooled and reranked
+    with ``combine["weights"]`` (:mod:`asr.combine`; ``lm`` also scores every candidate)."""
     from .decode import decode_manifest
     from .loader import SpeechDataset
     from .metrics import ErrorCounts, utterance_errors
@@ -161,11 +187,22 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
         lexicon_decoder = _lexicon_decoder(lexicon, ngram, lm_weight, word_score, beam, model.config.phone_vocab,
                                            lexicon_nbest if att_weight > 0 else 1, blank_penalty)
         ctc_weight, length_bonus = 0.0, 0.0
+    combiner = None
+    if method == "combine":
+        if model.phone_head is None or model.ctc_head is None:
+            raise SystemExit("asr-eval: --method combine needs a model trained with a phone CTC head and a word-piece "
+                             "CTC head (model.phone_ctc_weight > 0, model.ctc_weight > 0)")
+        if not lexicon:
+            raise SystemExit("asr-eval: --method combine needs --lexicon (the model's config names no data.lexicon)")
+        combine = {**COMBINE_DEFAULTS, **(combine or {})}
+        combiner = _combiner(lexicon, ngram, model.config.phone_vocab, combine, word_score, blank_penalty, lm,
+                             {"beam": beam, "ctc_weight": ctc_weight, "lm_weight": lm_weight if lm is not None else 0.0,
+                              "length_bonus": length_bonus, "max_ratio": max_ratio})
     t0 = time.perf_counter()
     rows = decode_manifest(model, tok, ds, (method,), beam=beam, ctc_weight=ctc_weight, lm=lm, lm_weight=lm_weight,
                            length_bonus=length_bonus, att_weight=att_weight, max_ratio=max_ratio,
                            batch_seconds=batch_seconds, progress=desc or Path(manifest).name,
-                           lexicon_decoder=lexicon_decoder)[method]
+                           lexicon_decoder=lexicon_decoder, combiner=combiner)[method]
     seconds = time.perf_counter() - t0
     skipped = [(r["id"], r["skipped"]) for r in rows if "skipped" in r]
     counts = utterance_errors([r["ref"] for r in rows], [r["hyp"] for r in rows])
@@ -180,8 +217,13 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     extra = {"lexicon": str(lexicon), "ngram": str(ngram) if ngram else None, "word_score": word_score,
              "blank_penalty": blank_penalty, "lexicon_nbest": lexicon_nbest if att_weight > 0 else 1} \
         if method == "lexicon" else {}
+    if method == "combine":
+        picked = [next(c["from"] for c in r["candidates"] if c["hyp"] == r["hyp"]) for r in rows if r.get("candidates")]
+        extra = {"lexicon": str(lexicon), "ngram": str(ngram) if ngram else None, "word_score": word_score,
+                 "blank_penalty": blank_penalty, "combine": combine,
+                 "picked_from": {src: picked.count(src) for src in ("lexicon", "joint")}}
     return {**res, "method": method, "beam": beam, "ctc_weight": ctc_weight,
-            "lm_weight": lm_weight if lm or (method == "lexicon" and ngram) else 0.0, **extra,
+            "lm_weight": lm_weight if lm is not None or (method == "lexicon" and ngram) else 0.0, **extra,
             "length_bonus": length_bonus, "att_weight": att_weight, "max_ratio": max_ratio,
             "decode_seconds": round(seconds, 3), "seconds_per_utterance": round(seconds / max(len(rows), 1), 5),
             "hypotheses": rows}
@@ -202,6 +244,31 @@ def _lexicon_decoder(lexicon, ngram, lm_weight, word_score, beam, phone_vocab, n
         except (LexiconError, FileNotFoundError) as e:
             raise SystemExit(f"asr-eval: {e}")
     return _LEXICON_DECODERS[key]
+
+
+COMBINE_DEFAULTS = {"beam": 50, "lm_weight": 1.5, "nbest": 10, "weights": None}
+_SCORERS: dict = {}
+
+
+def _combiner(lexicon, ngram, phone_vocab, combine: dict, word_score, blank_penalty, lm, joint: dict):
+    """An asr.combine.Combiner; its lexicon decoder, speller and n-gram scorer built once per process."""
+    from .combine import Combiner, NgramScorer, Speller, full_weights
+    from .data.lexicon import Lexicon, LexiconError
+    dec = _lexicon_decoder(lexicon, ngram, combine["lm_weight"] if ngram else 0.0, word_score, combine["beam"],
+                           phone_vocab, combine["nbest"], blank_penalty)
+    key = (str(lexicon), str(ngram))
+    if key not in _SCORERS:
+        try:
+            lex = Lexicon(lexicon)
+        except LexiconError as e:
+            raise SystemExit(f"asr-eval: {e}")
+        _SCORERS[key] = (Speller(lex), NgramScorer(ngram, lex.words) if ngram else None)
+    speller, ngram_scorer = _SCORERS[key]
+    try:
+        weights = full_weights(combine.get("weights"))
+    except ValueError as e:
+        raise SystemExit(f"asr-eval: {e}")
+    return Combiner(dec, speller, ngram_scorer, joint, lm, weights)
 
 
 def _breakdown(entries, rows, counts, key: str) -> dict:
@@ -252,7 +319,7 @@ def _decode_opts(args, ckpt, lm=None, method: str | None = None) -> dict:
         opts.update(beam=pick(args.beam, dec.prefix_beam), lm=lm, att_weight=pick(args.att_weight, dec.att_weight),
                     lm_weight=pick(args.lm_weight, dec.lm_weight) if lm is not None else 0.0,
                     length_bonus=pick(args.length_bonus, dec.length_bonus if lm is not None else 0.0))
-    elif method == "joint":
+    elif method in ("joint", "combine"):
         opts.update(beam=pick(args.beam, dec.joint_beam), lm=lm,
                     ctc_weight=pick(args.ctc_weight, dec.joint_ctc_weight_lm if lm is not None else dec.joint_ctc_weight),
                     lm_weight=pick(args.lm_weight, dec.joint_lm_weight) if lm is not None else 0.0,
@@ -266,6 +333,14 @@ def _decode_opts(args, ckpt, lm=None, method: str | None = None) -> dict:
                     word_score=pick(args.word_score, dec.word_score),
                     blank_penalty=pick(args.blank_penalty, dec.lexicon_blank_penalty),
                     att_weight=pick(args.att_weight, dec.lexicon_rescore_weight), lexicon_nbest=dec.lexicon_nbest)
+    if method == "combine":      # the joint search's settings above; the lexicon decoder's n-best at its defaults
+        ngram = args.ngram or dec.ngram or None
+        weights = args.combine_weights if args.combine_weights is not None else dec.combine_weights
+        opts.update(lexicon=args.lexicon or ckpt.config.get("data", {}).get("lexicon") or None, ngram=ngram,
+                    word_score=pick(args.word_score, dec.word_score),
+                    blank_penalty=pick(args.blank_penalty, dec.lexicon_blank_penalty),
+                    combine={"beam": dec.lexicon_beam, "lm_weight": dec.lexicon_lm_weight, "nbest": dec.lexicon_nbest,
+                             "weights": weights or None})
     return opts
 
 
@@ -324,7 +399,7 @@ def _decode_job(job) -> dict:
     the LM object); the LM is used only when opts' lm_weight is positive."""
     checkpoint, lm_path, manifest, limit, opts = job
     model, tok, norm, _, lm = _loaded(checkpoint, lm_path)
-    use_lm = lm if opts.get("lm_weight", 0) > 0 else None
+    use_lm = lm if opts.get("lm_weight", 0) > 0 or opts.get("method") == "combine" else None
     return evaluate(model, tok, norm, manifest, limit=limit, lm=use_lm, **opts)
 
 
@@ -368,6 +443,8 @@ def tune(args, ckpt, base: dict) -> dict:
     dec = _decode_config(ckpt)
     if base["method"] == "lexicon":
         return _tune_lexicon(args, dec, base)
+    if base["method"] == "combine":
+        return _tune_combination(args, ckpt, base)
     cws = [args.ctc_weight] if args.ctc_weight is not None else list(dec.tune_ctc_weights)
     lws = [args.lm_weight] if args.lm_weight is not None else list(dec.tune_lm_weights)
     lbs = [args.length_bonus] if args.length_bonus is not None else list(dec.tune_length_bonuses)
@@ -387,6 +464,38 @@ def tune(args, ckpt, base: dict) -> dict:
     print(f"[asr-eval] tuned on {Path(args.tune_on).name} ({chosen['utterances']} utterances, {len(rows)} settings): "
           f"CTC weight {pick['ctc_weight']:g}{lm_note}: dev WER {100 * chosen['wer']:.2f}%", flush=True)
     return {"manifest": str(args.tune_on), "utterances": chosen["utterances"], "chosen": pick, "grid": rows}
+
+
+def _tune_combination(args, ckpt, base: dict) -> dict:
+    """--method combine: the joint search's settings first (as for --method joint, unless --ctc-weight,
+    --length-bonus and, with --lm, --lm-weight are all given), then the candidates of
+    ``args.tune_on`` decoded once with them and the features' weights chosen on their word errors
+    (:func:`asr.combine.tune`, from --combine-weights or decode.combine_weights, and from the joint search's own
+    trade-off; the better on dev wins)."""
+    from .combine import full_weights, joint_start
+    from .combine import tune as tune_weights
+    joint_keys = ("beam", "ctc_weight", "length_bonus", "max_ratio", "lm_weight")
+    fixed = (args.ctc_weight, args.length_bonus) + ((args.lm_weight,) if args.lm else ())
+    if None in fixed:
+        joint = tune(args, ckpt, {"method": "joint", **{k: base[k] for k in joint_keys}})
+    else:     # every joint setting given (run.sh passes those its joint decode chose): nothing to tune there
+        joint = {"chosen": {k: base[k] for k in ("ctc_weight", "lm_weight", "length_bonus")}, "grid": []}
+    opts = {**base, **joint["chosen"]}
+    res = _map(_decode_job, [(args.checkpoint, args.lm, args.tune_on, args.tune_limit, opts)], 1)[0]
+    rows = [r for r in res["hypotheses"] if r.get("candidates")]
+    c = joint["chosen"]
+    weights = tune_weights([r["ref"] for r in rows], [r["candidates"] for r in rows],
+                           starts=[full_weights(base["combine"].get("weights")),
+                                   joint_start(c["ctc_weight"], c["lm_weight"], c["length_bonus"])])
+    words = max(weights["ref_words"], 1)
+    print(f"[asr-eval] combination tuned on {Path(args.tune_on).name} ({len(rows)} utterances, "
+          f"{sum(len(r['candidates']) for r in rows) / max(len(rows), 1):.1f} candidates each): dev WER "
+          f"{100 * weights['start_errors'] / words:.2f}% at the start weights, {100 * weights['errors'] / words:.2f}% "
+          f"tuned (oracle {100 * weights['oracle_errors'] / words:.2f}%); weights "
+          + ", ".join(f"{k} {v:g}" for k, v in weights["chosen"].items()), flush=True)
+    return {"manifest": str(args.tune_on), "utterances": len(rows),
+            "chosen": {**joint["chosen"], "combine": {**base["combine"], "weights": weights["chosen"]}},
+            "joint_grid": joint["grid"], "combination": weights}
 
 
 def _tune_lexicon(args, dec, base: dict) -> dict:
@@ -494,7 +603,7 @@ def run_dir_mode(args) -> int:
 # thread: joint+LM 79.1% WER at 49 ms per utterance, joint 80.5% / 30 ms, ctc_beam+LM 80.0% / 206 ms, ctc_beam
 # 88.2% / 19 ms, ctc 89.3% / 4 ms, attention greedy 96.7% / 5 ms. The summary and the plot lead with the first
 # one that has results.
-LABELS = ("lexicon", "joint_lm", "joint", "ctc_beam_lm", "ctc_beam", "ctc", "attention")
+LABELS = ("combine", "lexicon", "joint_lm", "joint", "ctc_beam_lm", "ctc_beam", "ctc", "attention")
 
 
 def _label(method: str, lm=None) -> str:
@@ -558,6 +667,8 @@ def _describe(r: dict) -> str:
                        + f", word score {r.get('word_score', 0)}"
                        + (f", blank penalty {r['blank_penalty']}" if r.get("blank_penalty") else "")
                        + (f", {r.get('lexicon_nbest')}-best rescored at {r['att_weight']}" if r["att_weight"] else ""),
+            "combine": f"lexicon {r.get('combine', {}).get('nbest')}-best + joint beam {r['beam']} (CTC weight "
+                       f"{r['ctc_weight']}{lm}) reranked; picked from {r.get('picked_from')}",
             }.get(r["method"], "attention greedy" if r["beam"] <= 1 else f"attention beam {r['beam']}"
                   + (f", CTC rescoring weight {r['ctc_weight']}" if r["ctc_weight"] else ""))
 
@@ -568,8 +679,8 @@ def main(argv=None) -> int:
     for m in args.manifest:
         if not Path(m).exists():
             raise SystemExit(f"asr-eval: {m}: manifest not found")
-    if args.lm and args.method not in (None, "ctc_beam", "joint"):
-        raise SystemExit("asr-eval: --lm is used by --method ctc_beam or joint only")
+    if args.lm and args.method not in (None, "ctc_beam", "joint", "combine"):
+        raise SystemExit("asr-eval: --lm is used by --method ctc_beam, joint or combine only")
     if args.lm and not Path(args.lm).exists():
         raise SystemExit(f"asr-eval: --lm {args.lm}: file not found (train one with asr-lm)")
     if args.run_dir:
@@ -578,13 +689,13 @@ def main(argv=None) -> int:
         return run_dir_mode(args)
     model, tok, norm, ckpt = load_checkpoint(args.checkpoint)
     method = _method(args, ckpt)
-    if args.lm and method not in ("ctc_beam", "joint"):
-        raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam or joint only (the default here: {method})")
+    if args.lm and method not in ("ctc_beam", "joint", "combine"):
+        raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam, joint or combine only (the default here: {method})")
     opts = _decode_opts(args, ckpt, _load_lm(args, args.checkpoint, ckpt), method)
     tuned = None
     if args.tune_on:
-        if method not in ("joint", "lexicon"):
-            raise SystemExit(f"asr-eval: --tune-on tunes --method joint or lexicon (here: {method})")
+        if method not in ("joint", "lexicon", "combine"):
+            raise SystemExit(f"asr-eval: --tune-on tunes --method joint, lexicon or combine (here: {method})")
         if not Path(args.tune_on).exists():
             raise SystemExit(f"asr-eval: --tune-on {args.tune_on}: manifest not found")
         if Path(args.tune_on).resolve() in {Path(m).resolve() for m in args.manifest}:
@@ -592,9 +703,10 @@ def main(argv=None) -> int:
                              f"the set you report")
         tuned = tune(args, ckpt, {k: v for k, v in opts.items() if k != "lm"})
         opts.update(tuned["chosen"])
-        if opts["lm_weight"] <= 0:
+        if opts["lm_weight"] <= 0 and method != "combine":     # combine's candidates are still scored by the LM
             opts["lm"] = None
-    lm_path = args.lm if opts.get("lm") is not None and opts.get("lm_weight", 0) > 0 else None
+    use_lm = opts.get("lm") is not None and (opts.get("lm_weight", 0) > 0 or method == "combine")
+    lm_path = args.lm if use_lm else None
     jobs = [(args.checkpoint, lm_path, m, args.limit, {k: v for k, v in opts.items() if k != "lm"})
             for m in args.manifest]
     if len(jobs) > 1 and args.jobs > 1:

@@ -298,7 +298,8 @@ def test_unknown_config_key_lists_valid_ones(corpus, tmp_path):
 def test_phone_head_trains_on_two_workers_and_the_lexicon_decoder_reads_it(corpus, tmp_path):
     """Issue 15: a model with a phone CTC head (targets from asr-prep lexicon) trains under horovodrun with 2
     workers, logs its phone loss, and asr-eval --method lexicon decodes it over the lexicon's words with the word
-    n-gram from asr-prep ngram, its weights tuned on a dev set; every hypothesis word is a lexicon word."""
+    n-gram from asr-prep ngram, its weights tuned on a dev set; every hypothesis word is a lexicon word. --method
+    combine pools its n-best with the joint search's and picks from them with weights tuned on dev."""
     lm = tmp_path / "lm"
     subprocess.run([BIN / "asr-prep", "lm-text", "--corpus", corpus, "--out", lm / "text.txt", "--extra", "100"],
                    check=True, capture_output=True)
@@ -326,6 +327,21 @@ def test_phone_head_trains_on_two_workers_and_the_lexicon_decoder_reads_it(corpu
     assert all(w in words for h in res["hypotheses"] for w in h["hyp"].split())
     assert set(res["tuned_on"]["chosen"]) == {"lm_weight", "word_score", "blank_penalty", "att_weight"}
     assert {r["blank_penalty"] for r in res["tuned_on"]["grid"]} == {0.0, 0.5, 1.0, 1.5, 2.0}
+    # --method combine: the lexicon decoder's and the joint search's n-best pooled, the weights tuned on dev
+    out = tmp_path / "combine.json"
+    proc = subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
+                           corpus / "test.jsonl", "--json", out, "--method", "combine", "--tune-on",
+                           corpus / "dev.jsonl", "--tune-limit", "3", "--jobs", "2"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["method"] == "combine" and sum(res["picked_from"].values()) == len(res["hypotheses"])
+    assert all(h["hyp"] in [c["hyp"] for c in h["candidates"]] for h in res["hypotheses"])
+    tuned = res["tuned_on"]["combination"]
+    assert tuned["errors"] <= tuned["start_errors"] and res["combine"]["weights"] == tuned["chosen"]
+    bad = subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
+                          corpus / "test.jsonl", "--method", "combine", "--combine-weights", '{"acoustic": 1}'],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "acoustic" in bad.stderr and "phone_ctc" in bad.stderr, bad.stderr
     # a lexicon folder that is not there is refused, naming it
     bad = subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
                           corpus / "test.jsonl", "--method", "lexicon", "--lexicon", tmp_path / "missing"],
