@@ -194,7 +194,7 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
                              "CTC head (model.phone_ctc_weight > 0, model.ctc_weight > 0)")
         if not lexicon:
             raise SystemExit("asr-eval: --method combine needs --lexicon (the model's config names no data.lexicon)")
-        combine = {**COMBINE_DEFAULTS, **(combine or {})}
+        combine = {**_combine_defaults(), **(combine or {})}
         combiner = _combiner(lexicon, ngram, model.config.phone_vocab, combine, word_score, blank_penalty, lm,
                              {"beam": beam, "ctc_weight": ctc_weight, "lm_weight": lm_weight if lm is not None else 0.0,
                               "length_bonus": length_bonus, "max_ratio": max_ratio})
@@ -246,7 +246,15 @@ def _lexicon_decoder(lexicon, ngram, lm_weight, word_score, beam, phone_vocab, n
     return _LEXICON_DECODERS[key]
 
 
-COMBINE_DEFAULTS = {"beam": 50, "lm_weight": 1.5, "nbest": 10, "weights": None}
+def _combine_defaults(dec=None) -> dict:
+    """--method combine's lexicon-side settings: the lexicon decoder's beam, n-gram weight and n-best size from
+    decode (asr.config.DecodeConfig; its defaults when None), and the features' weights."""
+    from .config import DecodeConfig
+    dec = dec or DecodeConfig()
+    return {"beam": dec.lexicon_beam, "lm_weight": dec.lexicon_lm_weight, "nbest": dec.lexicon_nbest,
+            "weights": dec.combine_weights or None}
+
+
 _SCORERS: dict = {}
 
 
@@ -335,12 +343,12 @@ def _decode_opts(args, ckpt, lm=None, method: str | None = None) -> dict:
                     att_weight=pick(args.att_weight, dec.lexicon_rescore_weight), lexicon_nbest=dec.lexicon_nbest)
     if method == "combine":      # the joint search's settings above; the lexicon decoder's n-best at its defaults
         ngram = args.ngram or dec.ngram or None
-        weights = args.combine_weights if args.combine_weights is not None else dec.combine_weights
+        combine = _combine_defaults(dec)
+        if args.combine_weights is not None:
+            combine["weights"] = args.combine_weights
         opts.update(lexicon=args.lexicon or ckpt.config.get("data", {}).get("lexicon") or None, ngram=ngram,
                     word_score=pick(args.word_score, dec.word_score),
-                    blank_penalty=pick(args.blank_penalty, dec.lexicon_blank_penalty),
-                    combine={"beam": dec.lexicon_beam, "lm_weight": dec.lexicon_lm_weight, "nbest": dec.lexicon_nbest,
-                             "weights": weights or None})
+                    blank_penalty=pick(args.blank_penalty, dec.lexicon_blank_penalty), combine=combine)
     return opts
 
 

@@ -11,7 +11,8 @@
 #   3 eval       WER of every epoch's checkpoint on the clean and far-field test sets (asr-eval --run-dir):
 #                the lexicon decoder (a model with a phone CTC head) or the joint CTC/attention beam search, and
 #                CTC best path; then the last checkpoint with the LM fused into the joint search
-#                (RUN/final_<set>.json) and through the lexicon decoder (RUN/final_lexicon_<set>.json)
+#                (RUN/final_<set>.json) and through the lexicon decoder (RUN/final_lexicon_<set>.json), and
+#                both decoders' n-best pooled and reranked by every model (RUN/final_combine_<set>.json)
 #
 # Usage: recipes/bfa/run.sh [--stage N] [--stop-stage N] [--conf recipes/bfa/conf/cpu-small.yaml]
 #          [--size tiny|small|full] [--train N] [--limit N] [--workers 2] [--hosts localhost:2] [--network-interface IFACE]
@@ -166,6 +167,20 @@ print(int(T.load(sys.argv[1]).model_config.get("phone_ctc_weight", 0) > 0))' "$e
     final_sets final_lexicon_
     asr-eval --checkpoint "$exp/checkpoints/last.pt" "${finals[@]}" --method lexicon \
       --tune-on "$corpus/dev.jsonl" --jobs "$cores" || log "lexicon decoding skipped (see the message above)"
+  fi
+  # With a phone head and the LM, both decoders' n-best pooled and reranked (RUN/final_combine_<set>.json): each
+  # decoder at the settings its final decode above chose on dev, then the weights of the candidates' features (phone
+  # CTC, word-piece CTC and attention, word-piece LM, word n-gram, lengths) tuned on 200 dev utterances.
+  if [ "$phone_head" = 1 ] && [ -f "$corpus/lm/lm.pt" ] && [ -f "$exp/final_test.json" ] \
+     && [ -f "$exp/final_lexicon_test.json" ]; then
+    chosen=$(python -c 'import json, sys
+j, x = (json.load(open(f))["tuned_on"]["chosen"] for f in sys.argv[1:])
+print("--ctc-weight %(ctc_weight)s --lm-weight %(lm_weight)s --length-bonus %(length_bonus)s" % j,
+      "--word-score %(word_score)s --blank-penalty %(blank_penalty)s" % x)' "$exp/final_test.json" "$exp/final_lexicon_test.json")
+    final_sets final_combine_
+    # shellcheck disable=SC2086
+    asr-eval --checkpoint "$exp/checkpoints/last.pt" "${finals[@]}" --method combine --lm "$corpus/lm/lm.pt" $chosen \
+      --tune-on "$corpus/dev.jsonl" --tune-limit 200 --jobs "$cores" || log "combined decoding skipped (see the message above)"
   fi
   # The mean of the last N epoch checkpoints (ESPnet's averaging), decoded the same way (RUN/final_avgN_<set>.json).
   if [ "$average" -gt 0 ] && python -m asr.average --run-dir "$exp" --last "$average"; then
