@@ -149,7 +149,7 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
              batch_seconds: float = 120.0, desc: str = "", method: str = "attention", lm=None,
              lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0, max_ratio: float = 1.0,
              lexicon=None, ngram=None, word_score: float = 0.0, lexicon_nbest: int = 10,
-             blank_penalty: float = 0.0, combine: dict | None = None) -> dict:
+             blank_penalty: float = 0.0, combine: dict | None = None, shard: tuple[int, int] = (0, 1)) -> dict:
     """Decode a manifest; return WER, SER (overall, ``per_speaker`` and, when the manifest's entries carry a
     ``domain``, ``per_domain``), the decoding time and every (id, ref, hyp).
 
@@ -164,7 +164,9 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     ``method="combine"``: the joint search (``beam``, ``ctc_weight``, ``lm``/``lm_weight``, ``length_bonus``,
     ``max_ratio``) and the lexicon decoder (``lexicon``, ``ngram``, ``word_score``, ``blank_penalty``; its beam,
     n-gram weight and n-best in ``combine``: ``{"beam", "lm_weight", "nbest", "weights"}``) pooled and reranked
-    with ``combine["weights"]`` (:mod:`asr.combine`; ``lm`` also scores every candidate)."""
+    with ``combine["weights"]`` (:mod:`asr.combine`; ``lm`` also scores every candidate).
+
+    ``shard`` = (i, n): only the i-th of every n length-sorted batches (the rows of n shards make the whole set)."""
     from .decode import decode_manifest
     from .loader import SpeechDataset
     from .metrics import ErrorCounts, utterance_errors
@@ -202,7 +204,7 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     rows = decode_manifest(model, tok, ds, (method,), beam=beam, ctc_weight=ctc_weight, lm=lm, lm_weight=lm_weight,
                            length_bonus=length_bonus, att_weight=att_weight, max_ratio=max_ratio,
                            batch_seconds=batch_seconds, progress=desc or Path(manifest).name,
-                           lexicon_decoder=lexicon_decoder, combiner=combiner)[method]
+                           lexicon_decoder=lexicon_decoder, combiner=combiner, shard=tuple(shard))[method]
     seconds = time.perf_counter() - t0
     skipped = [(r["id"], r["skipped"]) for r in rows if "skipped" in r]
     counts = utterance_errors([r["ref"] for r in rows], [r["hyp"] for r in rows])
@@ -489,8 +491,10 @@ def _tune_combination(args, ckpt, base: dict) -> dict:
     else:     # every joint setting given (run.sh passes those its joint decode chose): nothing to tune there
         joint = {"chosen": {k: base[k] for k in ("ctc_weight", "lm_weight", "length_bonus")}, "grid": []}
     opts = {**base, **joint["chosen"]}
-    res = _map(_decode_job, [(args.checkpoint, args.lm, args.tune_on, args.tune_limit, opts)], 1)[0]
-    rows = [r for r in res["hypotheses"] if r.get("candidates")]
+    n = args.jobs            # dev decoded once, its batches dealt to --jobs processes
+    shards = _map(_decode_job, [(args.checkpoint, args.lm, args.tune_on, args.tune_limit, {**opts, "shard": (i, n)})
+                                for i in range(n)], n)
+    rows = [r for res in shards for r in res["hypotheses"] if r.get("candidates")]
     c = joint["chosen"]
     weights = tune_weights([r["ref"] for r in rows], [r["candidates"] for r in rows],
                            starts=[full_weights(base["combine"].get("weights")),

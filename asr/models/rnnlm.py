@@ -44,10 +44,10 @@ class PieceLM(nn.Module):
     def _shifted(self, tokens: torch.Tensor, lengths: torch.Tensor):
         """Inputs (eos y1 .. yL) and targets (y1 .. yL eos, -1 on padding) for ``tokens`` padded with -1."""
         B = tokens.shape[0]
-        eos = torch.full((B, 1), self.config.eos, dtype=torch.long)
+        eos = torch.full((B, 1), self.config.eos, dtype=torch.long, device=tokens.device)
         tin = torch.cat([eos, tokens.clamp_min(0)], dim=1)
         tout = torch.cat([tokens, torch.full_like(eos, -1)], dim=1)
-        tout[torch.arange(B), lengths] = self.config.eos
+        tout[torch.arange(B, device=tokens.device), lengths.to(tokens.device)] = self.config.eos
         return tin, tout
 
     def loss(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -69,7 +69,8 @@ class PieceLM(nn.Module):
         """log P(hyp + eos) of each piece sequence."""
         if not hyps:
             return []
-        tin, tout = self._shifted(*pad_pieces(hyps))
+        dev = self.embed.weight.device
+        tin, tout = self._shifted(*(t.to(dev) for t in pad_pieces(hyps)))
         logp = F.log_softmax(self(tin)[0], dim=-1)
         picked = logp.gather(-1, tout.clamp_min(0)[..., None])[..., 0] * (tout >= 0)
         return picked.sum(-1).tolist()
