@@ -19,7 +19,8 @@ is scored by each model, whichever decoder proposed it (:data:`FEATURES`):
 
 The pick is the candidate with the highest weighted sum. :func:`tune` chooses the weights on a dev set by
 coordinate descent on its word errors (minimum error rate training on a grid, as in Och 2003), starting from the
-lexicon decoder's own trade-off (:data:`START`) and keeping a step only where dev's errors fall.
+lexicon decoder's own trade-off (:data:`START`) and from the joint search's (:func:`joint_start`), keeping a step
+only where dev's errors fall.
 """
 from __future__ import annotations
 
@@ -66,7 +67,6 @@ class Speller:
             phones = [p for w in ws for p in (words.get(w) or self.extra[w]) if p in index]
             out.append(([index[p] for p in phones], sum(w not in words for w in ws)))
         return out
-
 
     @staticmethod
     def _espeak(words: list[str]) -> dict[str, list[str]]:
