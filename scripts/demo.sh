@@ -23,8 +23,8 @@
 # 300 word pieces, where the 60-minute benchmark takes 1,000: on these 2,500 utterances 1,000 pieces gained CTC
 # and far-field WER but not the clean joint search (62.7 / 57.0% against 59.1 / 57.8%, two 7-minute pairs,
 # RESULTS.md 2026-12-03).
-# The combined decode (2026-12-05) took the demo from 869 s to 931 s with 7 training minutes; 6 minutes keep it
-# under 15 (36.2% clean combined, against 38.6% for the lexicon decoder of the same run).
+# The combined decode (2026-12-05) took the demo from 869 s to 931 s with 7 training minutes (36.2% clean combined,
+# 38.6% with the lexicon decoder alone); with 6 minutes it took 859 s (37.3 against 39.4%).
 # Extra arguments go to recipes/bfa/run.sh as options (e.g. --stage 2); DEMO_MINUTES=15 trains longer (the
 # training budget; cpu-small's learning rate follows a cosine to the budget's end).
 set -euo pipefail
