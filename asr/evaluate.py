@@ -217,13 +217,12 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     if any("domain" in e for e in ds.entries):          # older manifests have no domain: no breakdown
         res["per_domain"] = _breakdown(ds.entries, rows, counts, "domain")
     extra = {"lexicon": str(lexicon), "ngram": str(ngram) if ngram else None, "word_score": word_score,
-             "blank_penalty": blank_penalty, "lexicon_nbest": lexicon_nbest if att_weight > 0 else 1} \
-        if method == "lexicon" else {}
+             "blank_penalty": blank_penalty} if method in ("lexicon", "combine") else {}
+    if method == "lexicon":
+        extra["lexicon_nbest"] = lexicon_nbest if att_weight > 0 else 1
     if method == "combine":
         picked = [next(c["from"] for c in r["candidates"] if c["hyp"] == r["hyp"]) for r in rows if r.get("candidates")]
-        extra = {"lexicon": str(lexicon), "ngram": str(ngram) if ngram else None, "word_score": word_score,
-                 "blank_penalty": blank_penalty, "combine": combine,
-                 "picked_from": {src: picked.count(src) for src in ("lexicon", "joint")}}
+        extra.update(combine=combine, picked_from={src: picked.count(src) for src in ("lexicon", "joint")})
     return {**res, "method": method, "beam": beam, "ctc_weight": ctc_weight,
             "lm_weight": lm_weight if lm is not None or (method == "lexicon" and ngram) else 0.0, **extra,
             "length_bonus": length_bonus, "att_weight": att_weight, "max_ratio": max_ratio,
@@ -335,22 +334,19 @@ def _decode_opts(args, ckpt, lm=None, method: str | None = None) -> dict:
                     lm_weight=pick(args.lm_weight, dec.joint_lm_weight) if lm is not None else 0.0,
                     length_bonus=pick(args.length_bonus, dec.joint_length_bonus if lm is not None else 0.0),
                     max_ratio=pick(args.max_ratio, dec.max_ratio))
-    elif method == "lexicon":
+    if method in ("lexicon", "combine"):      # the lexicon decoder's words, n-gram and per-frame settings
         ngram = args.ngram or dec.ngram or None
-        opts.update(beam=pick(args.beam, dec.lexicon_beam), ctc_weight=0.0,
-                    lexicon=args.lexicon or ckpt.config.get("data", {}).get("lexicon") or None, ngram=ngram,
-                    lm_weight=pick(args.lm_weight, dec.lexicon_lm_weight) if ngram else 0.0,
-                    word_score=pick(args.word_score, dec.word_score),
-                    blank_penalty=pick(args.blank_penalty, dec.lexicon_blank_penalty),
-                    att_weight=pick(args.att_weight, dec.lexicon_rescore_weight), lexicon_nbest=dec.lexicon_nbest)
-    if method == "combine":      # the joint search's settings above; the lexicon decoder's n-best at its defaults
-        ngram = args.ngram or dec.ngram or None
-        combine = _combine_defaults(dec)
-        if args.combine_weights is not None:
-            combine["weights"] = args.combine_weights
         opts.update(lexicon=args.lexicon or ckpt.config.get("data", {}).get("lexicon") or None, ngram=ngram,
                     word_score=pick(args.word_score, dec.word_score),
-                    blank_penalty=pick(args.blank_penalty, dec.lexicon_blank_penalty), combine=combine)
+                    blank_penalty=pick(args.blank_penalty, dec.lexicon_blank_penalty))
+    if method == "lexicon":
+        opts.update(beam=pick(args.beam, dec.lexicon_beam), ctc_weight=0.0,
+                    lm_weight=pick(args.lm_weight, dec.lexicon_lm_weight) if ngram else 0.0,
+                    att_weight=pick(args.att_weight, dec.lexicon_rescore_weight), lexicon_nbest=dec.lexicon_nbest)
+    if method == "combine":      # the joint search's settings above; the lexicon decoder's n-best at its defaults
+        opts["combine"] = _combine_defaults(dec)
+        if args.combine_weights is not None:
+            opts["combine"]["weights"] = args.combine_weights
     return opts
 
 
