@@ -39,7 +39,25 @@ PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 "$PY" -c 'import venv, ensurepip' 2>/dev/null \
   || die "Python $PYVER has no venv/ensurepip module." "Debian: apt-get install python3-venv"
 
-STAMP_KEY=$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" | sha256sum | cut -c1-16)-py$PYVER-gpu${GPU_OPS:-none}-mpi$WITH_MPI
+# Layout: the third-party packages (torch alone is about 6 GB with its CUDA libraries) are installed once per machine
+# into a shared environment, $CACHE/envs/<key>, keyed by the pinned requirements of setup.cfg. Each clone's venv is
+# thin (well under 1 MB): its own interpreter link, this project installed editable, a .pth that adds the shared
+# site-packages, and the shared console scripts (horovodrun, pytest, ...) re-pointed at it. A second clone, or CI in
+# a clean clone on a machine that has the cache, costs seconds and no disk.
+LAYOUT=2   # bump when what goes into the shared environment changes without setup.cfg changing
+REQS=$("$PY" - "$ROOT/setup.cfg" <<'PYEOF'
+import configparser, sys
+cfg = configparser.ConfigParser()
+cfg.read(sys.argv[1])
+lines = cfg["options"]["install_requires"].splitlines()
+for extra in ("asr", "bench", "test"):
+    lines += cfg["options.extras_require"][extra].splitlines()
+print("\n".join(sorted({line.split("#")[0].strip() for line in lines} - {""})))
+PYEOF
+) || die "could not read the requirements from $ROOT/setup.cfg"
+ENV_KEY=$(printf '%s\n' "$REQS" "layout $LAYOUT" "horovod $HOROVOD_VERSION" | sha256sum | cut -c1-12)-py$PYVER-gpu${GPU_OPS:-none}-mpi$WITH_MPI
+SHARED=$CACHE/envs/$ENV_KEY
+STAMP_KEY=$ENV_KEY-$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" | sha256sum | cut -c1-12)
 STAMP=$VENV/.hx-setup-stamp
 
 # ---------------------------------------------------------------- Debian packages
@@ -61,27 +79,26 @@ fi
 # ---------------------------------------------------------------- fast path
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_KEY" ] \
    && "$VENV/bin/python" -c 'import horovod.torch, horovod_ext, asr' 2>/dev/null; then
-  say "venv $VENV is up to date"
+  say "venv $VENV is up to date (packages in $SHARED)"
+  touch "$SHARED/.complete"   # its mtime says when a clone last used it: the pruning below keeps the recent ones
 else
-  # ------------------------------------------------------------ venv + pinned packages
-  if [ ! -x "$VENV/bin/python" ]; then
-    [ "$(free_gb "$VENV")" -ge 8 ] || die "Only $(free_gb "$VENV") GB free where the venv goes ($VENV); torch needs about 8 GB." \
-      "Free some disk space, or put the venv elsewhere: HX_VENV=/bigdisk/venv make setup"
-    say "creating venv $VENV (python $PYVER)"
-    "$PY" -m venv "$VENV"
-  fi
-  PIP="$VENV/bin/python -m pip"
-  $PIP install -q --upgrade pip setuptools wheel packaging
-  say "installing pinned packages (torch $TORCH_VERSION is large: a few minutes the first time)"
-  $PIP install -q -e "$ROOT[asr,bench,test]" || die "pip could not install the project's pinned packages (see pip's message above)." \
-    "Check the network/package mirror, then run make setup again."
+  # ------------------------------------------------------------ shared environment: pinned packages + Horovod
+  if [ ! -f "$SHARED/.complete" ]; then
+    NEED=7; ls "$CACHE"/wheels/horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-py$PYVER-gpu-${GPU_OPS:-none}-mpi-$WITH_MPI/horovod-*.whl >/dev/null 2>&1 || NEED=8
+    mkdir -p "$CACHE/envs"
+    [ "$(free_gb "$CACHE")" -ge $NEED ] || die "Only $(free_gb "$CACHE") GB free under $CACHE; the packages (torch with its CUDA libraries) need about $NEED GB there, once per machine." \
+      "Free some disk space, or put the cache on a larger disk: HX_CACHE=/bigdisk/horovod_ext make setup"
+    rm -rf "$SHARED"
+    say "creating the shared environment $SHARED (python $PYVER; once per machine and set of pinned packages)"
+    "$PY" -m venv "$SHARED"
+    SPIP="$SHARED/bin/python -m pip"
+    $SPIP install -q --upgrade pip setuptools wheel packaging
+    say "installing pinned packages (torch $TORCH_VERSION is large: a few minutes the first time)"
+    printf '%s\n' "$REQS" > "$SHARED/requirements.txt"
+    $SPIP install -q -r "$SHARED/requirements.txt" || die "pip could not install the project's pinned packages (see pip's message above)." \
+      "Check the network/package mirror, then run make setup again."
 
-  # ------------------------------------------------------------ Horovod wheel (cached outside the clone)
-  if ! "$VENV/bin/python" - <<PYEOF 2>/dev/null
-import horovod, horovod.torch, sys
-sys.exit(0 if horovod.__version__ == "$HOROVOD_VERSION" else 1)
-PYEOF
-  then
+    # ---------------------------------------------------------- Horovod wheel (cached outside the clone)
     KEY="horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-py$PYVER-gpu-${GPU_OPS:-none}-mpi-$WITH_MPI"
     WHEELDIR="$CACHE/wheels/$KEY"
     if ! ls "$WHEELDIR"/horovod-*.whl >/dev/null 2>&1; then
@@ -92,16 +109,14 @@ PYEOF
       need_cmd make  "Install make (Debian: apt-get install make)."
       gccmaj=$(g++ -dumpversion | cut -d. -f1)
       [ "$gccmaj" -ge 10 ] || die "g++ $gccmaj is too old: PyTorch $TORCH_VERSION headers need C++20 (g++ >= 10)." "Debian: apt-get install g++-12"
-      "$VENV/bin/python" -c 'import sysconfig,os,sys; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)' \
+      "$SHARED/bin/python" -c 'import sysconfig,os,sys; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)' \
         || die "Python.h not found: the Python development headers are missing." "Debian: apt-get install python3-dev"
       if [ -n "$GPU_OPS" ]; then need_cmd nvcc "HOROVOD_GPU_OPERATIONS=$GPU_OPS needs the CUDA toolkit (nvcc) and NCCL."; fi
       if [ "$WITH_MPI" = 1 ]; then need_cmd mpicxx "HOROVOD_WITH_MPI=1 needs an MPI implementation (Debian: apt-get install libopenmpi-dev)."; fi
-      [ "$(free_gb "$CACHE")" -ge 2 ] || die "Only $(free_gb "$CACHE") GB free under $CACHE; building Horovod needs about 2 GB." \
-        "Free some space or set HX_CACHE to a folder on a larger disk."
       BUILD=$(mktemp -d "${TMPDIR:-/tmp}/hx-horovod-build.XXXXXX")
-      LOG="$CACHE/build-$KEY.log"; mkdir -p "$CACHE"
-      $PIP install -q cloudpickle psutil pyyaml cffi
-      ( cd "$BUILD" && $PIP download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d . ) >"$LOG" 2>&1 \
+      LOG="$CACHE/build-$KEY.log"
+      $SPIP install -q cloudpickle psutil pyyaml cffi
+      ( cd "$BUILD" && $SPIP download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d . ) >"$LOG" 2>&1 \
         || die "could not download the Horovod $HOROVOD_VERSION source from PyPI (log: $LOG)."
       tar -xzf "$BUILD"/horovod-$HOROVOD_VERSION.tar.gz -C "$BUILD"
       SRC="$BUILD/horovod-$HOROVOD_VERSION"
@@ -119,7 +134,7 @@ PYEOF
       if [ -n "$GPU_OPS" ]; then export HOROVOD_GPU_OPERATIONS=$GPU_OPS; else export HOROVOD_CPU_OPERATIONS=gloo; fi
       export MAKEFLAGS=-j$(nproc)
       mkdir -p "$BUILD/dist"
-      ( cd "$SRC" && $PIP wheel --no-build-isolation --no-deps -w "$BUILD/dist" . ) >>"$LOG" 2>&1 \
+      ( cd "$SRC" && $SPIP wheel --no-build-isolation --no-deps -w "$BUILD/dist" . ) >>"$LOG" 2>&1 \
         || { grep -E -m 15 'error|Error|CMake Error' "$LOG" >&2 || true
              die "building Horovod failed; the full log is $LOG (the first error lines are above)."; }
       mkdir -p "$WHEELDIR" && cp "$BUILD"/dist/horovod-*.whl "$WHEELDIR"/ && rm -rf "$BUILD"
@@ -127,9 +142,37 @@ PYEOF
     else
       say "using cached Horovod wheel $WHEELDIR"
     fi
-    $PIP install -q --force-reinstall --no-deps "$WHEELDIR"/horovod-*.whl
-    $PIP install -q cloudpickle psutil pyyaml packaging
+    $SPIP install -q --no-deps "$WHEELDIR"/horovod-*.whl
+    $SPIP install -q cloudpickle psutil pyyaml packaging
+    touch "$SHARED/.complete"
+    # Keep this environment and the one used most recently before it; older ones go (a clone still pointing at
+    # one gets it rebuilt by its next make setup).
+    for old in $(ls -1t "$CACHE"/envs/*/.complete 2>/dev/null | tail -n +3); do
+      say "removing an older shared environment: $(dirname "$old")"; rm -rf "$(dirname "$old")"
+    done
   fi
+
+  # ------------------------------------------------------------ this clone's thin venv
+  if [ -e "$VENV" ] && [ ! -f "$VENV/.hx-thin" ]; then
+    [ -f "$STAMP" ] || die "$VENV exists and was not made by make setup." "Remove it, or choose another place: HX_VENV=/path/venv make setup"
+    say "replacing the full venv of an older set-up in $VENV (its packages now live in $SHARED)"
+  fi
+  rm -rf "$VENV"
+  "$PY" -m venv --without-pip "$VENV"
+  touch "$VENV/.hx-thin"
+  SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  SHARED_SITE=$("$SHARED/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  # site.addsitedir (not a bare path line) so that the shared site-packages' own .pth files are read too.
+  echo "import site; site.addsitedir('$SHARED_SITE')" > "$SITE/_hx_shared_env.pth"
+  "$SHARED/bin/python" -m pip --python "$VENV/bin/python" install -q --no-deps --no-build-isolation -e "$ROOT" \
+    || die "pip could not install the project editable into $VENV (see pip's message above)."
+  # The shared console scripts (horovodrun, pytest, pip, ...), re-pointed at this venv's interpreter.
+  for f in "$SHARED"/bin/*; do
+    name=$(basename "$f")
+    [ -f "$f" ] && [ ! -L "$f" ] && [ ! -e "$VENV/bin/$name" ] || continue
+    head -n 3 "$f" | grep -qF "$SHARED/bin/python" || continue
+    sed "1,3s|$SHARED/bin/python|$VENV/bin/python|" "$f" > "$VENV/bin/$name" && chmod +x "$VENV/bin/$name"
+  done
   echo "$STAMP_KEY" > "$STAMP"
 fi
 
