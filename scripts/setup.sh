@@ -166,6 +166,13 @@ else
   echo "import site; site.addsitedir('$SHARED_SITE')" > "$SITE/_hx_shared_env.pth"
   "$SHARED/bin/python" -m pip --python "$VENV/bin/python" install -q --no-deps --no-build-isolation -e "$ROOT" \
     || die "pip could not install the project editable into $VENV (see pip's message above)."
+  # Data files that packages install beside the interpreter and find through sys.prefix (ttspico's voices in
+  # languages/, man pages in share/): linked into this venv's prefix.
+  for d in "$SHARED"/*/; do
+    name=$(basename "$d")
+    case "$name" in bin|include|lib|lib64) continue ;; esac
+    ln -sfn "$SHARED/$name" "$VENV/$name"
+  done
   # The shared console scripts (horovodrun, pytest, pip, ...), re-pointed at this venv's interpreter.
   for f in "$SHARED"/bin/*; do
     name=$(basename "$f")
@@ -212,6 +219,9 @@ CHECK=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-bu
 echo "$CHECK" | grep -q '\[X\] PyTorch' || die "Horovod was built without PyTorch support:" "$CHECK"
 echo "$CHECK" | grep -q '\[X\] Gloo'    || die "Horovod was built without Gloo:" "$CHECK"
 say "horovodrun --check-build: PyTorch and Gloo available"
+# SVOX Pico finds its voices through sys.prefix (the data-file links above).
+PICO=$("$VENV/bin/python" -c 'import ttspico; ttspico.TtsEngine("en-US")' 2>&1) \
+  || die "SVOX Pico (ttspico) cannot start in $VENV; its voices should be in $VENV/languages:" "$PICO"
 # The codecs' native kernels (a second, cached under $CACHE/native; the torch path runs without them).
 HX_CACHE=$CACHE "$VENV/bin/python" -m horovod_ext.kernels
 say "set-up took $(( $(date +%s) - T0 )) s (venv: $VENV)"
