@@ -17,6 +17,10 @@ is scored by each model, whichever decoder proposed it (:data:`FEATURES`):
   pieces      its number of word pieces
   unspelt     its words outside the lexicon (the word-piece search's inventions)
 
+The lexicon decoder can also search at higher blank penalties (``blank_offsets``, added to its own): each n-best
+adds the words that a blank narrowly hid, which the models then judge; a candidate's source says which search found
+it first ("lexicon", "lexicon+1.5", "joint").
+
 The pick is the candidate with the highest weighted sum. :func:`tune` chooses the weights on a dev set by
 coordinate descent on its word errors (minimum error rate training on a grid, as in Och 2003), starting from the
 lexicon decoder's own trade-off (:data:`START`) and from the joint search's (:func:`joint_start`), keeping a step
@@ -115,26 +119,33 @@ class NgramScorer:
 class Combiner:
     """What ``--method combine`` needs besides the model: the lexicon decoder (built with an n-best), the speller
     over its lexicon, the n-gram scorer, the joint search's keywords (:func:`asr.decode.joint_search`: beam,
-    ctc_weight, lm_weight, length_bonus, max_ratio), the word-piece LM, and the weights of :data:`FEATURES`."""
+    ctc_weight, lm_weight, length_bonus, max_ratio), the word-piece LM, the weights of :data:`FEATURES`, and the
+    ``blank_offsets`` at which the lexicon decoder searches again (added to its own blank penalty)."""
     lexicon_decoder: object
     speller: Speller
     ngram: NgramScorer | None = None
     joint: dict = field(default_factory=dict)
     lm: object = None
     weights: dict = field(default_factory=lambda: dict(START))
+    blank_offsets: tuple = ()
 
     @torch.no_grad()
     def candidates(self, model, tok, enc, enc_lengths) -> list[list[dict]]:
         """Per utterance of an encoded batch: the pooled candidates ``{"hyp", "from", "features"}``, the lexicon
-        decoder's n-best first (best first), then the joint search's hypotheses it did not already propose."""
+        decoder's n-best first (best first), then its n-best at each of ``blank_offsets``, then the joint search's
+        hypotheses; each string once, under the source that proposed it first."""
         from .decode import attention_score, ctc_score, forced_ctc, joint_search
         phone_lp, phone_len = model.phone_log_probs(enc, enc_lengths)
-        lexicon_nbest = self.lexicon_decoder.nbest(phone_lp, phone_len)
+        searches = [("lexicon", self.lexicon_decoder.nbest(phone_lp, phone_len))]
+        own = self.lexicon_decoder.blank_penalty
+        searches += [(f"lexicon+{off:g}", self.lexicon_decoder.nbest(phone_lp, phone_len, own + off))
+                     for off in self.blank_offsets]
         pools = []
-        for b, nbest in enumerate(lexicon_nbest):
+        for b in range(enc.shape[0]):
             pool = {}
-            for words, _ in nbest:
-                pool.setdefault(" ".join(words.split()), "lexicon")
+            for source, nbests in searches:
+                for words, _ in nbests[b]:
+                    pool.setdefault(" ".join(words.split()), source)
             for pieces, _ in joint_search(model, enc[b:b + 1], int(enc_lengths[b]), lm=self.lm, **self.joint):
                 pool.setdefault(" ".join(tok.decode(pieces).split()), "joint")
             pools.append(pool)

@@ -171,6 +171,9 @@ class DecodeConfig:
     # weights of asr.combine.FEATURES, {} = asr.combine.START (the lexicon decoder's own trade-off). --tune-on
     # chooses them on dev, after the joint search's settings.
     combine_weights: dict = field(default_factory=dict)
+    # ... and its lexicon decoder searching again at its blank penalty + each of these (asr-eval
+    # --combine-blank-offsets): words a blank narrowly hid, mostly on reverberant speech, become candidates
+    combine_blank_offsets: list = field(default_factory=list)
 
     def __post_init__(self):
         from .decode import METHODS
@@ -181,6 +184,9 @@ class DecodeConfig:
                 raise ConfigError(f"decode.{name}: expected a weight in [0, 1], got {getattr(self, name)}")
         if self.max_ratio <= 0:
             raise ConfigError(f"decode.max_ratio: expected a positive number, got {self.max_ratio}")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in self.combine_blank_offsets):
+            raise ConfigError(f"decode.combine_blank_offsets: expected a list of numbers (added to the lexicon "
+                              f"decoder's blank penalty), got {self.combine_blank_offsets!r}")
 
 
 @dataclass

@@ -473,14 +473,16 @@ class LexiconDecoder:
                                    word_score=word_score, unk_word="<unk>", sil_score=0.0, log_add=False,
                                    blank_token="<blank>", sil_token="|")
 
-    def nbest(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[tuple[str, float]]]:
+    def nbest(self, log_probs: torch.Tensor, lengths: torch.Tensor,
+              blank_penalty: float | None = None) -> list[list[tuple[str, float]]]:
         """log_probs [B, T, phone_vocab + 1] (blank last), lengths [B] -> per utterance the n-best (words, score),
-        best first (the score: phone log-probabilities, the blank's less blank_penalty, + lm_weight x n-gram +
-        word_score per word)."""
+        best first (the score: phone log-probabilities, the blank's less the blank penalty (``blank_penalty``, else
+        the decoder's own), + lm_weight x n-gram + word_score per word)."""
         B, T, _ = log_probs.shape
+        penalty = self.blank_penalty if blank_penalty is None else float(blank_penalty)
         em = torch.cat([log_probs.float().cpu(), torch.full((B, T, 1), -1e4)], dim=-1)
-        if self.blank_penalty:
-            em[..., -2] -= self.blank_penalty             # the blank: the model's last column, before "|"
+        if penalty:
+            em[..., -2] -= penalty                        # the blank: the model's last column, before "|"
         em = em.contiguous()
         results = self.decoder(em, lengths.to(torch.int32).cpu())
         return [[(" ".join(h.words), float(h.score)) for h in r] or [("", 0.0)] for r in results]

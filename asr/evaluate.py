@@ -28,6 +28,14 @@ import torch
 from .decode import METHODS
 
 
+def _offsets_arg(text: str) -> list[float]:
+    """--combine-blank-offsets: comma-separated numbers ("" for none)."""
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, e.g. 1.5 or 1,2") from None
+
+
 def _weights_arg(text: str) -> dict:
     """--combine-weights: a JSON object of feature -> weight."""
     from .combine import full_weights
@@ -82,6 +90,9 @@ def parse_args(argv=None):
     p.add_argument("--combine-weights", type=_weights_arg, metavar="JSON",
                    help="combine: the features' weights, e.g. '{\"attention\": 0.3, \"words\": 1}' (the rest: "
                         "asr.combine.START, the lexicon decoder's own trade-off; default: decode.combine_weights)")
+    p.add_argument("--combine-blank-offsets", type=_offsets_arg, metavar="X[,Y]",
+                   help="combine: the lexicon decoder searches again at its blank penalty + each of these, and "
+                        "their n-best join the candidates ('' for none; default: decode.combine_blank_offsets)")
     p.add_argument("--length-bonus", type=float,
                    help="score added per piece, against the LM's pull towards short hypotheses (default with --lm: "
                         "decode.length_bonus, joint: decode.joint_length_bonus; 0 without)")
@@ -163,7 +174,8 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
 
     ``method="combine"``: the joint search (``beam``, ``ctc_weight``, ``lm``/``lm_weight``, ``length_bonus``,
     ``max_ratio``) and the lexicon decoder (``lexicon``, ``ngram``, ``word_score``, ``blank_penalty``; its beam,
-    n-gram weight and n-best in ``combine``: ``{"beam", "lm_weight", "nbest", "weights"}``) pooled and reranked
+    n-gram weight, n-best and extra blank penalties in ``combine``: ``{"beam", "lm_weight", "nbest",
+    "blank_offsets", "weights"}``) pooled and reranked
     with ``combine["weights"]`` (:mod:`asr.combine`; ``lm`` also scores every candidate).
 
     ``shard`` = (i, n): only the i-th of every n length-sorted batches (the rows of n shards make the whole set)."""
@@ -222,7 +234,8 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
         extra["lexicon_nbest"] = lexicon_nbest if att_weight > 0 else 1
     if method == "combine":
         picked = [next(c["from"] for c in r["candidates"] if c["hyp"] == r["hyp"]) for r in rows if r.get("candidates")]
-        extra.update(combine=combine, picked_from={src: picked.count(src) for src in ("lexicon", "joint")})
+        sources = ["lexicon", *(f"lexicon+{x:g}" for x in combine.get("blank_offsets") or ()), "joint"]
+        extra.update(combine=combine, picked_from={src: picked.count(src) for src in sources})
     return {**res, "method": method, "beam": beam, "ctc_weight": ctc_weight,
             "lm_weight": lm_weight if lm is not None or (method == "lexicon" and ngram) else 0.0, **extra,
             "length_bonus": length_bonus, "att_weight": att_weight, "max_ratio": max_ratio,
@@ -248,12 +261,12 @@ def _lexicon_decoder(lexicon, ngram, lm_weight, word_score, beam, phone_vocab, n
 
 
 def _combine_defaults(dec=None) -> dict:
-    """--method combine's lexicon-side settings: the lexicon decoder's beam, n-gram weight and n-best size from
-    decode (asr.config.DecodeConfig; its defaults when None), and the features' weights."""
+    """--method combine's lexicon-side settings: the lexicon decoder's beam, n-gram weight, n-best size and extra
+    blank penalties from decode (asr.config.DecodeConfig; its defaults when None), and the features' weights."""
     from .config import DecodeConfig
     dec = dec or DecodeConfig()
     return {"beam": dec.lexicon_beam, "lm_weight": dec.lexicon_lm_weight, "nbest": dec.lexicon_nbest,
-            "weights": dec.combine_weights or None}
+            "blank_offsets": list(dec.combine_blank_offsets), "weights": dec.combine_weights or None}
 
 
 _SCORERS: dict = {}
@@ -277,7 +290,7 @@ def _combiner(lexicon, ngram, phone_vocab, combine: dict, word_score, blank_pena
         weights = full_weights(combine.get("weights"))
     except ValueError as e:
         raise SystemExit(f"asr-eval: {e}")
-    return Combiner(dec, speller, ngram_scorer, joint, lm, weights)
+    return Combiner(dec, speller, ngram_scorer, joint, lm, weights, tuple(combine.get("blank_offsets") or ()))
 
 
 def _breakdown(entries, rows, counts, key: str) -> dict:
@@ -347,6 +360,8 @@ def _decode_opts(args, ckpt, lm=None, method: str | None = None) -> dict:
         opts["combine"] = _combine_defaults(dec)
         if args.combine_weights is not None:
             opts["combine"]["weights"] = args.combine_weights
+        if args.combine_blank_offsets is not None:
+            opts["combine"]["blank_offsets"] = args.combine_blank_offsets
     return opts
 
 
@@ -675,7 +690,9 @@ def _describe(r: dict) -> str:
                        + f", word score {r.get('word_score', 0)}"
                        + (f", blank penalty {r['blank_penalty']}" if r.get("blank_penalty") else "")
                        + (f", {r.get('lexicon_nbest')}-best rescored at {r['att_weight']}" if r["att_weight"] else ""),
-            "combine": f"lexicon {r.get('combine', {}).get('nbest')}-best + joint beam {r['beam']} (CTC weight "
+            "combine": f"lexicon {r.get('combine', {}).get('nbest')}-best"
+                       + "".join(f" (+ at blank penalty +{x:g})" for x in r.get("combine", {}).get("blank_offsets") or ())
+                       + f" + joint beam {r['beam']} (CTC weight "
                        f"{r['ctc_weight']}{lm}) reranked; picked from {r.get('picked_from')}",
             }.get(r["method"], "attention greedy" if r["beam"] <= 1 else f"attention beam {r['beam']}"
                   + (f", CTC rescoring weight {r['ctc_weight']}" if r["ctc_weight"] else ""))

@@ -128,3 +128,38 @@ def test_the_combiner_pools_both_decoders_and_scores_every_candidate_with_every_
                 want = forced_ctc(phone_lp[b], int(phone_len[b]), [lex.encode(c["hyp"])], len(lex))[0]
                 assert f["phone_ctc"] == pytest.approx(max(want, -1e4), rel=1e-5)
         assert combiner.pick(cands) in hyps
+
+
+def test_the_lexicon_decoder_searches_again_at_each_blank_offset_and_its_new_words_join_the_pool(kit):
+    lex, tok = kit["lexicon"], kit["tok"]
+    torch.manual_seed(1)
+    model = BFA(BFAConfig(vocab_size=tok.vocab_size, feat_dim=8, enc_hidden=8, enc_layers=1, pool_after=[],
+                          dec_hidden=8, emb_dim=4, att_dim=8, loc_channels=2, loc_kernel=3, dropout=0.0,
+                          ctc_weight=0.3, phone_vocab=len(lex), phone_ctc_weight=1.0)).eval()
+    feats, lengths = torch.randn(2, 40, 8), torch.tensor([40, 31])
+    enc, enc_lengths = model.encode(feats, lengths)
+    phone_lp, phone_len = model.phone_log_probs(enc, enc_lengths)
+    decoder = LexiconDecoder(kit["dir"] / "lexicon", ngram=kit["ngram"], phone_vocab=len(lex), nbest=5,
+                             blank_penalty=0.5)
+    # a per-call blank penalty is the same search as a decoder built with it
+    again = LexiconDecoder(kit["dir"] / "lexicon", ngram=kit["ngram"], phone_vocab=len(lex), nbest=5,
+                           blank_penalty=3.5).nbest(phone_lp, phone_len)
+    assert decoder.nbest(phone_lp, phone_len, blank_penalty=3.5) == again
+    plain = Combiner(decoder, Speller(lex), NgramScorer(kit["ngram"], lex.words), {"beam": 2, "max_ratio": 0.5})
+    more = Combiner(decoder, Speller(lex), NgramScorer(kit["ngram"], lex.words), {"beam": 2, "max_ratio": 0.5},
+                    blank_offsets=(3.0,))
+    added = 0
+    for b, (p, m) in enumerate(zip(plain.candidates(model, tok, enc, enc_lengths),
+                                   more.candidates(model, tok, enc, enc_lengths))):
+        first = {c["hyp"]: c for c in p}
+        sources = [c["from"] for c in m]
+        assert sources == sorted(sources, key=["lexicon", "lexicon+3", "joint"].index)
+        offset_words = {" ".join(w.split()) for w, _ in again[b]}
+        for c in m:
+            if c["from"] == "lexicon+3":     # found at blank penalty 0.5 + 3, not by the decoder's own search
+                added += 1
+                assert c["hyp"] in offset_words and (c["hyp"] not in first or first[c["hyp"]]["from"] == "joint")
+            else:                            # everything else is the plain pool's, with the same scores
+                assert first[c["hyp"]]["features"] == pytest.approx(c["features"])
+        assert {h for h, c in first.items() if c["from"] == "lexicon"} <= {c["hyp"] for c in m}
+    assert added > 0

@@ -35,6 +35,9 @@ def test_choices_and_unknown_keys_are_refused():
         load_config(CONF, ["train.schedule=step"])
     with pytest.raises(ConfigError, match="unknown key\\(s\\) bogus"):
         load_config(CONF, ["augment.bogus=1"])
+    with pytest.raises(ConfigError, match="decode.combine_blank_offsets: expected a list of numbers"):
+        load_config(CONF, ["decode.combine_blank_offsets=[1.5, loud]"])
+    assert load_config(CONF, ["decode.combine_blank_offsets=[1.5]"]).decode.combine_blank_offsets == [1.5]
 
 
 def test_slowmo_settings_are_checked():

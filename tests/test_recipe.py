@@ -331,10 +331,12 @@ def test_phone_head_trains_on_two_workers_and_the_lexicon_decoder_reads_it(corpu
     out = tmp_path / "combine.json"
     proc = subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
                            corpus / "test.jsonl", "--json", out, "--method", "combine", "--tune-on",
-                           corpus / "dev.jsonl", "--tune-limit", "3", "--jobs", "2"], capture_output=True, text=True)
+                           corpus / "dev.jsonl", "--tune-limit", "3", "--jobs", "2", "--combine-blank-offsets", "1.5"],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["method"] == "combine" and sum(res["picked_from"].values()) == len(res["hypotheses"])
+    assert res["combine"]["blank_offsets"] == [1.5] and set(res["picked_from"]) == {"lexicon", "lexicon+1.5", "joint"}
     assert all(h["hyp"] in [c["hyp"] for c in h["candidates"]] for h in res["hypotheses"])
     tuned = res["tuned_on"]["combination"]
     assert tuned["errors"] <= tuned["start_errors"] and res["combine"]["weights"] == tuned["chosen"]
@@ -342,6 +344,10 @@ def test_phone_head_trains_on_two_workers_and_the_lexicon_decoder_reads_it(corpu
                           corpus / "test.jsonl", "--method", "combine", "--combine-weights", '{"acoustic": 1}'],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "acoustic" in bad.stderr and "phone_ctc" in bad.stderr, bad.stderr
+    bad = subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
+                          corpus / "test.jsonl", "--method", "combine", "--combine-blank-offsets", "1.5,x"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--combine-blank-offsets" in bad.stderr and "1.5,x" in bad.stderr, bad.stderr
     # a lexicon folder that is not there is refused, naming it
     bad = subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
                           corpus / "test.jsonl", "--method", "lexicon", "--lexicon", tmp_path / "missing"],
