@@ -44,7 +44,7 @@ PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 # thin (well under 1 MB): its own interpreter link, this project installed editable, a .pth that adds the shared
 # site-packages, and the shared console scripts (horovodrun, pytest, ...) re-pointed at it. A second clone, or CI in
 # a clean clone on a machine that has the cache, costs seconds and no disk.
-LAYOUT=2   # bump when what goes into the shared environment changes without setup.cfg changing
+LAYOUT=3   # bump when what goes into the shared environment changes without setup.cfg changing
 REQS=$("$PY" - "$ROOT/setup.cfg" <<'PYEOF'
 import configparser, sys
 cfg = configparser.ConfigParser()
@@ -84,7 +84,7 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_KEY" ] \
 else
   # ------------------------------------------------------------ shared environment: pinned packages + Horovod
   if [ ! -f "$SHARED/.complete" ]; then
-    NEED=7; ls "$CACHE"/wheels/horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-py$PYVER-gpu-${GPU_OPS:-none}-mpi-$WITH_MPI/horovod-*.whl >/dev/null 2>&1 || NEED=8
+    NEED=6; ls "$CACHE"/wheels/horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-py$PYVER-gpu-${GPU_OPS:-none}-mpi-$WITH_MPI/horovod-*.whl >/dev/null 2>&1 || NEED=7
     mkdir -p "$CACHE/envs"
     [ "$(free_gb "$CACHE")" -ge $NEED ] || die "Only $(free_gb "$CACHE") GB free under $CACHE; the packages (torch with its CUDA libraries) need about $NEED GB there, once per machine." \
       "Free some disk space, or put the cache on a larger disk: HX_CACHE=/bigdisk/horovod_ext make setup"
@@ -95,7 +95,20 @@ else
     $SPIP install -q --upgrade pip setuptools wheel packaging
     say "installing pinned packages (torch $TORCH_VERSION is large: a few minutes the first time)"
     printf '%s\n' "$REQS" > "$SHARED/requirements.txt"
-    $SPIP install -q -r "$SHARED/requirements.txt" || die "pip could not install the project's pinned packages (see pip's message above)." \
+    # Resolved first, then installed without re-resolving: a CPU-only set-up leaves out Triton (0.9 GB of GPU
+    # kernels for torch.compile, which nothing here uses and torch imports only when asked for).
+    $SPIP install -q --dry-run --report "$SHARED/resolved.json" -r "$SHARED/requirements.txt" \
+      || die "pip could not resolve the project's pinned packages (see pip's message above)." \
+             "Check the network/package mirror, then run make setup again."
+    "$SHARED/bin/python" - "$SHARED/resolved.json" "${GPU_OPS:-}" > "$SHARED/resolved.txt" <<'PYEOF'
+import json, sys
+report, gpu = json.load(open(sys.argv[1])), sys.argv[2]
+for item in report["install"]:
+    name, version = item["metadata"]["name"], item["metadata"]["version"]
+    if gpu or name.lower() != "triton":
+        print(f"{name}=={version}")
+PYEOF
+    $SPIP install -q --no-deps -r "$SHARED/resolved.txt" || die "pip could not install the project's pinned packages (see pip's message above)." \
       "Check the network/package mirror, then run make setup again."
 
     # ---------------------------------------------------------- Horovod wheel (cached outside the clone)
