@@ -98,12 +98,17 @@ def test_tuning_finds_the_weights_that_remove_errors_and_never_ends_worse():
         full_weights({"acoustic": 1.0})
 
 
+def _tiny_model(kit, seed: int) -> BFA:
+    """A random BFA with both CTC heads, over the kit's word pieces and phones."""
+    torch.manual_seed(seed)
+    return BFA(BFAConfig(vocab_size=kit["tok"].vocab_size, feat_dim=8, enc_hidden=8, enc_layers=1, pool_after=[],
+                         dec_hidden=8, emb_dim=4, att_dim=8, loc_channels=2, loc_kernel=3, dropout=0.0,
+                         ctc_weight=0.3, phone_vocab=len(kit["lexicon"]), phone_ctc_weight=1.0)).eval()
+
+
 def test_the_combiner_pools_both_decoders_and_scores_every_candidate_with_every_model(kit):
     lex, tok = kit["lexicon"], kit["tok"]
-    torch.manual_seed(0)
-    model = BFA(BFAConfig(vocab_size=tok.vocab_size, feat_dim=8, enc_hidden=8, enc_layers=1, pool_after=[],
-                          dec_hidden=8, emb_dim=4, att_dim=8, loc_channels=2, loc_kernel=3, dropout=0.0,
-                          ctc_weight=0.3, phone_vocab=len(lex), phone_ctc_weight=1.0)).eval()
+    model = _tiny_model(kit, seed=0)
     decoder = LexiconDecoder(kit["dir"] / "lexicon", ngram=kit["ngram"], phone_vocab=len(lex), nbest=5)
     combiner = Combiner(decoder, Speller(lex), NgramScorer(kit["ngram"], lex.words),
                         {"beam": 4, "ctc_weight": 0.5, "max_ratio": 0.5})
@@ -132,10 +137,7 @@ def test_the_combiner_pools_both_decoders_and_scores_every_candidate_with_every_
 
 def test_the_lexicon_decoder_searches_again_at_each_blank_offset_and_its_new_words_join_the_pool(kit):
     lex, tok = kit["lexicon"], kit["tok"]
-    torch.manual_seed(1)
-    model = BFA(BFAConfig(vocab_size=tok.vocab_size, feat_dim=8, enc_hidden=8, enc_layers=1, pool_after=[],
-                          dec_hidden=8, emb_dim=4, att_dim=8, loc_channels=2, loc_kernel=3, dropout=0.0,
-                          ctc_weight=0.3, phone_vocab=len(lex), phone_ctc_weight=1.0)).eval()
+    model = _tiny_model(kit, seed=1)
     feats, lengths = torch.randn(2, 40, 8), torch.tensor([40, 31])
     enc, enc_lengths = model.encode(feats, lengths)
     phone_lp, phone_len = model.phone_log_probs(enc, enc_lengths)
