@@ -169,7 +169,8 @@ print(int(T.load(sys.argv[1]).model_config.get("phone_ctc_weight", 0) > 0))' "$e
       --tune-on "$corpus/dev.jsonl" --jobs "$cores" || log "lexicon decoding skipped (see the message above)"
   fi
   # With a phone head and the LM, both decoders' n-best pooled and reranked (RUN/final_combine_<set>.json): each
-  # decoder at the settings its final decode above chose on dev, then the weights of the candidates' features (phone
+  # decoder at the settings its final decode above chose on dev (the lexicon decoder's n-best also at its blank
+  # penalty + each of decode.combine_blank_offsets, cpu-small: 1.5), then the weights of the candidates' features (phone
   # CTC, word-piece CTC and attention, word-piece LM, word n-gram, lengths) tuned on 200 dev utterances.
   if [ "$phone_head" = 1 ] && [ -f "$corpus/lm/lm.pt" ] && [ -f "$exp/final_test.json" ] \
      && [ -f "$exp/final_lexicon_test.json" ]; then
