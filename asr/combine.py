@@ -138,8 +138,8 @@ class Combiner:
         phone_lp, phone_len = model.phone_log_probs(enc, enc_lengths)
         searches = [("lexicon", self.lexicon_decoder.nbest(phone_lp, phone_len))]
         own = self.lexicon_decoder.blank_penalty
-        searches += [(f"lexicon+{off:g}", self.lexicon_decoder.nbest(phone_lp, phone_len, own + off))
-                     for off in self.blank_offsets]
+        searches += [(name, self.lexicon_decoder.nbest(phone_lp, phone_len, own + off))
+                     for name, off in zip(sources(self.blank_offsets)[1:], self.blank_offsets)]
         pools = []
         for b in range(enc.shape[0]):
             pool = {}
@@ -171,6 +171,12 @@ class Combiner:
 
     def pick(self, candidates: list[dict]) -> str:
         return candidates[best_index([candidates], self.weights)[0]]["hyp"]
+
+
+def sources(blank_offsets) -> list[str]:
+    """The candidates' sources, in pooling order: the lexicon decoder, its searches at each blank offset, the joint
+    search."""
+    return ["lexicon", *(f"lexicon+{off:g}" for off in blank_offsets), "joint"]
 
 
 def joint_start(ctc_weight: float, lm_weight: float, length_bonus: float) -> dict:

@@ -234,8 +234,9 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
         extra["lexicon_nbest"] = lexicon_nbest if att_weight > 0 else 1
     if method == "combine":
         picked = [next(c["from"] for c in r["candidates"] if c["hyp"] == r["hyp"]) for r in rows if r.get("candidates")]
-        sources = ["lexicon", *(f"lexicon+{x:g}" for x in combine.get("blank_offsets") or ()), "joint"]
-        extra.update(combine=combine, picked_from={src: picked.count(src) for src in sources})
+        from .combine import sources
+        extra.update(combine=combine, picked_from={src: picked.count(src)
+                                                   for src in sources(combine.get("blank_offsets") or ())})
     return {**res, "method": method, "beam": beam, "ctc_weight": ctc_weight,
             "lm_weight": lm_weight if lm is not None or (method == "lexicon" and ngram) else 0.0, **extra,
             "length_bonus": length_bonus, "att_weight": att_weight, "max_ratio": max_ratio,

@@ -84,7 +84,9 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_KEY" ] \
 else
   # ------------------------------------------------------------ shared environment: pinned packages + Horovod
   if [ ! -f "$SHARED/.complete" ]; then
-    NEED=6; ls "$CACHE"/wheels/horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-py$PYVER-gpu-${GPU_OPS:-none}-mpi-$WITH_MPI/horovod-*.whl >/dev/null 2>&1 || NEED=7
+    KEY="horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-py$PYVER-gpu-${GPU_OPS:-none}-mpi-$WITH_MPI"
+    WHEELDIR="$CACHE/wheels/$KEY"
+    NEED=6; ls "$WHEELDIR"/horovod-*.whl >/dev/null 2>&1 || NEED=7
     mkdir -p "$CACHE/envs"
     [ "$(free_gb "$CACHE")" -ge $NEED ] || die "Only $(free_gb "$CACHE") GB free under $CACHE; the packages (torch with its CUDA libraries) need about $NEED GB there, once per machine." \
       "Free some disk space, or put the cache on a larger disk: HX_CACHE=/bigdisk/horovod_ext make setup"
@@ -112,8 +114,6 @@ PYEOF
       "Check the network/package mirror, then run make setup again."
 
     # ---------------------------------------------------------- Horovod wheel (cached outside the clone)
-    KEY="horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION-py$PYVER-gpu-${GPU_OPS:-none}-mpi-$WITH_MPI"
-    WHEELDIR="$CACHE/wheels/$KEY"
     if ! ls "$WHEELDIR"/horovod-*.whl >/dev/null 2>&1; then
       say "building Horovod $HOROVOD_VERSION from source (about 5 minutes on 2 cores; cached as $KEY)"
       need_cmd cmake "Install CMake >= 3.13 (Debian: apt-get install cmake; or: pip install cmake)."
@@ -155,8 +155,7 @@ PYEOF
     else
       say "using cached Horovod wheel $WHEELDIR"
     fi
-    $SPIP install -q --no-deps "$WHEELDIR"/horovod-*.whl
-    $SPIP install -q cloudpickle psutil pyyaml packaging
+    $SPIP install -q --no-deps "$WHEELDIR"/horovod-*.whl     # its runtime packages are setup.cfg's pins
     touch "$SHARED/.complete"
     # Keep this environment and the one used most recently before it; older ones go (a clone still pointing at
     # one gets it rebuilt by its next make setup).
