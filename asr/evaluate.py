@@ -162,7 +162,8 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
              lexicon=None, ngram=None, word_score: float = 0.0, lexicon_nbest: int = 10,
              blank_penalty: float = 0.0, combine: dict | None = None, shard: tuple[int, int] = (0, 1)) -> dict:
     """Decode a manifest; return WER, SER (overall, ``per_speaker`` and, when the manifest's entries carry a
-    ``domain``, ``per_domain``), the decoding time and every (id, ref, hyp).
+    ``domain``, ``per_domain``; a far-field set's ``per_t60_band`` and ``per_snr_band``), the decoding time and every
+    (id, ref, hyp).
 
     An utterance whose audio cannot be read (see asr.loader.SkippedItem) is counted as an error: its row has an
     empty hypothesis and a ``skipped`` reason, so WER and SER keep the manifest's full denominator; the result
@@ -228,6 +229,9 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
            "per_speaker": _breakdown(ds.entries, rows, counts, "speaker")}
     if any("domain" in e for e in ds.entries):          # older manifests have no domain: no breakdown
         res["per_domain"] = _breakdown(ds.entries, rows, counts, "domain")
+    for key in BAND_FIELDS:                             # far-field sets: WER per reverberation and noise band
+        if any(key in e for e in ds.entries):
+            res[f"per_{key}"] = _breakdown(ds.entries, rows, counts, key)
     extra = {"lexicon": str(lexicon), "ngram": str(ngram) if ngram else None, "word_score": word_score,
              "blank_penalty": blank_penalty} if method in ("lexicon", "combine") else {}
     if method == "lexicon":
@@ -302,8 +306,20 @@ def _breakdown(entries, rows, counts, key: str) -> dict:
     for r, c in zip(rows, counts):
         value = value_of.get(r["id"], "unknown")
         groups[value] = groups.get(value, ErrorCounts()) + c
+    order = _band_order if key in BAND_FIELDS else str
     return {v: {"utterances": c.sentences, "ref_words": c.ref_words, "wer": c.wer, "ser": c.ser}
-            for v, c in sorted(groups.items())}
+            for v, c in sorted(groups.items(), key=lambda kv: order(kv[0]))}
+
+
+BAND_FIELDS = ("t60_band", "snr_band")     # the far-field set's conditions (asr.data.far), when the rows carry them
+
+
+def _band_order(label: str) -> tuple:
+    """Bands ("<10 dB", "10-20 dB", ">=20 dB", "no noise", "unknown") in numeric order."""
+    m = re.match(r"(<|>=)?(-?[\d.]+)", label)
+    if not m:
+        return (1, 0.0, label)
+    return (0, float(m.group(2)) - (1e-9 if m.group(1) == "<" else 0.0), label)
 
 
 def _decode_config(ckpt):
@@ -748,9 +764,9 @@ def main(argv=None) -> int:
               f"utterance)" + _skip_note(r))
         for s in r["skipped"][:5]:
             print(f"  skipped {s['id']}: {s['reason']}")
-        for key in ("per_speaker", "per_domain"):
+        for key in ("per_speaker", "per_domain", *(f"per_{b}" for b in BAND_FIELDS)):
             for value, x in r.get(key, {}).items():
-                print(f"  {key[4:]:7s} {value:40s} WER {100 * x['wer']:6.2f}%  SER {100 * x['ser']:6.2f}%  "
+                print(f"  {key[4:].replace('_band', ''):7s} {value:40s} WER {100 * x['wer']:6.2f}%  SER {100 * x['ser']:6.2f}%  "
                       f"({x['utterances']} utt)")
     if args.json and len(args.json) == len(results):
         for path, r in zip(args.json, results):
