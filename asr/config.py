@@ -174,6 +174,9 @@ class DecodeConfig:
     # ... and its lexicon decoder searching again at its blank penalty + each of these (asr-eval
     # --combine-blank-offsets): words a blank narrowly hid, mostly on reverberant speech, become candidates
     combine_blank_offsets: list = field(default_factory=list)
+    # Every decoder's front end: "wpe" removes late reverberation from each utterance before its features
+    # (asr.frontend.dereverb; about 0.4 s per utterance, cached). asr-eval --dereverb overrides it.
+    dereverb: str = "off"
 
     def __post_init__(self):
         from .decode import METHODS
@@ -184,6 +187,9 @@ class DecodeConfig:
                 raise ConfigError(f"decode.{name}: expected a weight in [0, 1], got {getattr(self, name)}")
         if self.max_ratio <= 0:
             raise ConfigError(f"decode.max_ratio: expected a positive number, got {self.max_ratio}")
+        from .frontend.dereverb import METHODS as DEREVERB
+        if self.dereverb not in DEREVERB:
+            raise ConfigError(f"decode.dereverb: expected one of {', '.join(DEREVERB)}, got {self.dereverb!r}")
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in self.combine_blank_offsets):
             raise ConfigError(f"decode.combine_blank_offsets: expected a list of numbers (added to the lexicon "
                               f"decoder's blank penalty), got {self.combine_blank_offsets!r}")

@@ -90,6 +90,10 @@ def parse_args(argv=None):
     p.add_argument("--combine-weights", type=_weights_arg, metavar="JSON",
                    help="combine: the features' weights, e.g. '{\"attention\": 0.3, \"words\": 1}' (the rest: "
                         "asr.combine.START, the lexicon decoder's own trade-off; default: decode.combine_weights)")
+    p.add_argument("--dereverb", choices=("off", "wpe"), default=None,
+                   help="wpe: late reverberation removed from every utterance before its features (single-channel "
+                        "WPE, nara_wpe; about 0.4 s per utterance, kept in the feature cache next to each manifest). "
+                        "Default: decode.dereverb (cpu-small: wpe)")
     p.add_argument("--combine-blank-offsets", type=_offsets_arg, metavar="X[,Y]",
                    help="combine: the lexicon decoder searches again at its blank penalty + each of these, and "
                         "their n-best join the candidates ('' for none; default: decode.combine_blank_offsets)")
@@ -160,7 +164,8 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
              batch_seconds: float = 120.0, desc: str = "", method: str = "attention", lm=None,
              lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0, max_ratio: float = 1.0,
              lexicon=None, ngram=None, word_score: float = 0.0, lexicon_nbest: int = 10,
-             blank_penalty: float = 0.0, combine: dict | None = None, shard: tuple[int, int] = (0, 1)) -> dict:
+             blank_penalty: float = 0.0, combine: dict | None = None, shard: tuple[int, int] = (0, 1),
+             dereverb: str = "off") -> dict:
     """Decode a manifest; return WER, SER (overall, ``per_speaker`` and, when the manifest's entries carry a
     ``domain``, ``per_domain``; a far-field set's ``per_t60_band`` and ``per_snr_band``), the decoding time and every
     (id, ref, hyp).
@@ -179,11 +184,14 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     "blank_offsets", "weights"}``) pooled and reranked
     with ``combine["weights"]`` (:mod:`asr.combine`; ``lm`` also scores every candidate).
 
-    ``shard`` = (i, n): only the i-th of every n length-sorted batches (the rows of n shards make the whole set)."""
+    ``shard`` = (i, n): only the i-th of every n length-sorted batches (the rows of n shards make the whole set).
+
+    ``dereverb`` (asr.frontend.dereverb): "wpe" removes late reverberation before the features; the result is kept
+    in the feature cache next to the manifest (``feature_cache/``), plain features are computed as they are read."""
     from .decode import decode_manifest
     from .loader import SpeechDataset
     from .metrics import ErrorCounts, utterance_errors
-    ds = SpeechDataset(manifest, tok, norm)
+    ds = SpeechDataset(manifest, tok, norm, feature_cache="auto" if dereverb != "off" else None, dereverb=dereverb)
     if limit:
         ds.entries = ds.entries[:limit]
     needs_ctc = method in ("ctc", "ctc_beam") or method == "joint" and ctc_weight > 0
@@ -241,7 +249,7 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
         from .combine import sources
         extra.update(combine=combine, picked_from={src: picked.count(src)
                                                    for src in sources(combine.get("blank_offsets") or ())})
-    return {**res, "method": method, "beam": beam, "ctc_weight": ctc_weight,
+    return {**res, "method": method, "dereverb": dereverb, "beam": beam, "ctc_weight": ctc_weight,
             "lm_weight": lm_weight if lm is not None or (method == "lexicon" and ngram) else 0.0, **extra,
             "length_bonus": length_bonus, "att_weight": att_weight, "max_ratio": max_ratio,
             "decode_seconds": round(seconds, 3), "seconds_per_utterance": round(seconds / max(len(rows), 1), 5),
@@ -353,7 +361,8 @@ def _decode_opts(args, ckpt, lm=None, method: str | None = None) -> dict:
     dec = _decode_config(ckpt)
     method = method or _method(args, ckpt)
     pick = lambda flag, default: flag if flag is not None else default
-    opts = {"beam": pick(args.beam, dec.beam), "ctc_weight": pick(args.ctc_weight, dec.ctc_weight), "method": method}
+    opts = {"beam": pick(args.beam, dec.beam), "ctc_weight": pick(args.ctc_weight, dec.ctc_weight), "method": method,
+            "dereverb": pick(getattr(args, "dereverb", None), dec.dereverb)}
     if method == "ctc_beam":
         opts.update(beam=pick(args.beam, dec.prefix_beam), lm=lm, att_weight=pick(args.att_weight, dec.att_weight),
                     lm_weight=pick(args.lm_weight, dec.lm_weight) if lm is not None else 0.0,
@@ -585,7 +594,7 @@ def _decode_epoch(args, ck: Path, methods: list[str]) -> int:
         for m in args.manifest:
             name = _name(m, _label(method, args.lm))
             dest = cache / f"{name}.epoch{epoch:03d}.json"
-            if dest.exists():
+            if dest.exists() and _same_front_end(dest, args):
                 continue
             if loaded is None:
                 loaded = load_checkpoint(ck)
@@ -600,6 +609,65 @@ def _decode_epoch(args, ck: Path, methods: list[str]) -> int:
             print(f"[asr-eval] epoch {epoch} {name}: WER {100 * res['wer']:.2f}%  SER {100 * res['ser']:.2f}%"
                   + _skip_note(res), flush=True)
     return epoch
+
+
+def _same_front_end(result: Path, args) -> bool:
+    """Whether a cached per-epoch result was decoded with the dereverberation asked for now (when --dereverb is
+    given; results from before the option count as "off")."""
+    if args.dereverb is None:
+        return True
+    try:
+        return json.loads(result.read_text()).get("dereverb", "off") == args.dereverb
+    except (OSError, ValueError):
+        return False
+
+
+def warm_dereverb_cache(manifests, settings, dereverb: str, limit: int = 0, jobs: int = 1) -> None:
+    """Dereverberate every utterance of ``manifests`` (the first ``limit`` of each) into the feature cache, spread
+    over ``jobs`` processes, so the decoders that follow (one per epoch or per setting) read it instead of each
+    computing the same utterances."""
+    if dereverb == "off":
+        return
+    from tqdm import tqdm
+
+    from .data.manifest import audio_path, read_manifest
+    from .frontend.cache import open_feature_cache
+    todo = []
+    for m in dict.fromkeys(str(m) for m in manifests):
+        cache = open_feature_cache("auto", m, settings, dereverb=dereverb)
+        for e in read_manifest(m)[:limit or None]:
+            path = audio_path(e, Path(m))
+            try:
+                from .frontend.cache import utterance_key
+                if cache.path_of(utterance_key(path, e.get("md5"))).is_file():
+                    continue
+            except OSError:
+                continue        # an unreadable file: the decoder reports it
+            todo.append((m, str(path), e.get("md5"), settings, dereverb))
+    if not todo:
+        return
+    chunks = [todo[i::max(1, jobs * 8)] for i in range(max(1, jobs * 8))]
+    bar = tqdm(total=len(todo), desc=f"asr-eval: dereverberating ({dereverb})", file=sys.stderr, dynamic_ncols=True)
+    if jobs > 1:
+        import multiprocessing as mp
+        with mp.get_context("spawn").Pool(jobs, initializer=_pool_init) as pool:
+            for n in pool.imap_unordered(_warm_job, [c for c in chunks if c]):
+                bar.update(n)
+            _finish(pool)
+    else:
+        for c in chunks:
+            bar.update(_warm_job(c))
+    bar.close()
+
+
+def _warm_job(chunk) -> int:
+    from .frontend.cache import open_feature_cache
+    for m, path, md5, settings, dereverb in chunk:
+        try:
+            open_feature_cache("auto", m, settings, dereverb=dereverb).power(path, md5)
+        except (ValueError, RuntimeError, OSError, EOFError):
+            pass                # the decoder meets it again, and reports it as a skipped utterance
+    return len(chunk)
 
 
 def _decode_epoch_job(job) -> int:
@@ -617,6 +685,10 @@ def run_dir_mode(args) -> int:
             ckpt = load_checkpoint(ckpts[0])[3]
             _load_lm(args, ckpts[0], ckpt)              # a mismatched --lm stops here, before any decoding
             methods = _run_dir_methods(args, ckpt)
+            dereverb = args.dereverb or _decode_config(ckpt).dereverb
+            if dereverb != "off":
+                warm_dereverb_cache(args.manifest, load_checkpoint(ckpts[0])[2].settings, dereverb, args.limit,
+                                    args.jobs)
             if args.lm and not {"ctc_beam", "joint"} & set(methods):
                 raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam or joint only (here: {methods[0]})")
         if args.jobs > 1 and len(ckpts) > 1:
@@ -698,6 +770,11 @@ def write_summary(run: Path, manifests, method: str = "attention") -> None:
 
 def _describe(r: dict) -> str:
     """The decoding settings of a result, for the printed summary."""
+    front = "WPE dereverberation, " if r.get("dereverb", "off") != "off" else ""
+    return front + _describe_decoder(r)
+
+
+def _describe_decoder(r: dict) -> str:
     lm = f", LM weight {r['lm_weight']}, length bonus {r['length_bonus']}" if r["lm_weight"] else ""
     return {"ctc": "CTC best path",
             "ctc_beam": f"CTC prefix beam {r['beam']}{lm}, attention weight {r['att_weight']}",
@@ -734,6 +811,9 @@ def main(argv=None) -> int:
     if args.lm and method not in ("ctc_beam", "joint", "combine"):
         raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam, joint or combine only (the default here: {method})")
     opts = _decode_opts(args, ckpt, _load_lm(args, args.checkpoint, ckpt), method)
+    warm_dereverb_cache(args.manifest, norm.settings, opts["dereverb"], args.limit, args.jobs)
+    if args.tune_on:
+        warm_dereverb_cache([args.tune_on], norm.settings, opts["dereverb"], args.tune_limit, args.jobs)
     tuned = None
     if args.tune_on:
         if method not in ("joint", "lexicon", "combine"):

@@ -105,10 +105,13 @@ class SpeechDataset(Dataset):
     ``feature_cache`` (``"auto"``: ``feature_cache/`` next to the manifest; a folder; ``"off"``/None; or an
     asr.frontend.cache.FeatureCache): clean power spectrograms computed once, so evaluation features and the
     augmenter's unsimulated utterances decode no audio and run no STFT (see asr.frontend.cache); the features
-    are the same as without it."""
+    are the same as without it.
+
+    ``dereverb`` (asr.frontend.dereverb.METHODS; evaluation only, no augmenter): late reverberation removed from
+    every utterance before its features (cached apart from the plain ones)."""
 
     def __init__(self, manifest, tokenizer: Tokenizer, normalizer: Normalizer, augmenter=None,
-                 max_duration: float | None = None, feature_cache=None):
+                 max_duration: float | None = None, feature_cache=None, dereverb: str = "off"):
         self.manifest = Path(manifest)
         entries = read_manifest(self.manifest)
         if max_duration:
@@ -118,7 +121,9 @@ class SpeechDataset(Dataset):
         self.entries = entries
         self.tokenizer = tokenizer
         self.normalizer = normalizer
-        self.feature_cache = open_feature_cache(feature_cache, self.manifest, normalizer.settings)
+        from .frontend.dereverb import check
+        self.dereverb = check(dereverb, "SpeechDataset: dereverb")
+        self.feature_cache = open_feature_cache(feature_cache, self.manifest, normalizer.settings, dereverb=dereverb)
         self.augmenter = augmenter
         self._epoch = SharedEpoch()             # seen by persistent DataLoader workers
         self._logged_skips: set[str] = set()
@@ -132,6 +137,8 @@ class SpeechDataset(Dataset):
 
     @augmenter.setter
     def augmenter(self, augmenter) -> None:
+        if augmenter is not None and self.dereverb != "off":
+            raise ValueError("SpeechDataset: dereverb is a decoding front end; it does not combine with an augmenter")
         features = getattr(getattr(augmenter, "config", None), "features", None)
         if features is not None:
             self.normalizer.settings.check(features, self.normalizer.stats_path,
@@ -153,6 +160,9 @@ class SpeechDataset(Dataset):
         try:
             if cache is None:
                 wave = load_wave(path, settings.sample_rate)   # AudioError (a ValueError) naming the file
+                if self.dereverb != "off":
+                    from .frontend.dereverb import dereverberate
+                    wave = dereverberate(wave, self.dereverb)
                 if self.augmenter is not None:
                     feats, _ = self.augmenter(wave, e["id"], int(self._epoch))
                 else:

@@ -72,14 +72,19 @@ def single_thread():
         torch.set_num_threads(n)
 
 
-def settings_digest(settings: FeatureSettings, dtype: str = "float32") -> str:
-    """20 hex digits naming the cache folder of (format, dtype, spectrum definition, every feature setting)."""
-    return hashlib.blake2b(json.dumps(_description(settings, dtype), sort_keys=True).encode(),
+def settings_digest(settings: FeatureSettings, dtype: str = "float32", dereverb: str = "off") -> str:
+    """20 hex digits naming the cache folder of (format, dtype, spectrum definition, every feature setting, and
+    the dereverberation with its settings when there is one)."""
+    return hashlib.blake2b(json.dumps(_description(settings, dtype, dereverb), sort_keys=True).encode(),
                            digest_size=10).hexdigest()
 
 
-def _description(settings: FeatureSettings, dtype: str) -> dict:
-    return {"format_version": FORMAT_VERSION, "dtype": dtype, "spectrum": SPECTRUM, "settings": settings.to_dict()}
+def _description(settings: FeatureSettings, dtype: str, dereverb: str = "off") -> dict:
+    out = {"format_version": FORMAT_VERSION, "dtype": dtype, "spectrum": SPECTRUM, "settings": settings.to_dict()}
+    if dereverb != "off":       # absent for "off": the folders of earlier caches keep their names
+        from .dereverb import describe
+        out["dereverb"] = describe(dereverb)
+    return out
 
 
 def utterance_key(audio_path, md5: str | None = None) -> str:
@@ -97,17 +102,22 @@ class FeatureCache:
     :meth:`power` returns an utterance's spectrogram, computing and storing it on a miss; :meth:`features` its
     clean features; :meth:`offer` stores the spectrogram of a waveform already decoded. Counters (per process):
     ``hits``, ``misses`` (spectrograms computed), ``rejected`` (damaged files recomputed), ``write_errors``.
-    Pickles cheaply (paths and settings), so each DataLoader worker gets its own."""
+    Pickles cheaply (paths and settings), so each DataLoader worker gets its own.
 
-    def __init__(self, root, settings: FeatureSettings, dtype: str = "float32"):
+    ``dereverb`` (asr.frontend.dereverb, evaluation only): the spectrograms of the dereverberated audio, in a folder
+    of their own; :meth:`offer` is then refused (the augmenter's simulated audio is not what such a cache holds)."""
+
+    def __init__(self, root, settings: FeatureSettings, dtype: str = "float32", dereverb: str = "off"):
+        from .dereverb import check
         if dtype not in DTYPES:
             raise ValueError(f"FeatureCache: dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+        self.dereverb = check(dereverb, "FeatureCache: dereverb")
         if not isinstance(settings, FeatureSettings):
             raise ValueError(f"FeatureCache: settings must be FeatureSettings, got {settings!r}")
         self.root = Path(root)
         self.settings = settings
         self.dtype = dtype
-        self.digest = settings_digest(settings, dtype)
+        self.digest = settings_digest(settings, dtype, dereverb)
         self.dir = self.root / self.digest
         self.bins = settings.n_fft // 2 + 1
         self.hits = self.misses = self.rejected = self.write_errors = 0
@@ -115,7 +125,7 @@ class FeatureCache:
         self._described = False
 
     def __repr__(self) -> str:
-        return f"FeatureCache({str(self.dir)!r}, dtype={self.dtype!r})"
+        return f"FeatureCache({str(self.dir)!r}, dtype={self.dtype!r}, dereverb={self.dereverb!r})"
 
     def path_of(self, key: str) -> Path:
         return self.dir / f"{key}{SUFFIX}"
@@ -150,6 +160,8 @@ class FeatureCache:
     def offer(self, audio_path, md5: str | None, wave: torch.Tensor) -> None:
         """Store the clean spectrogram of an utterance whose audio was decoded anyway (a simulated one) unless the
         entry exists, so the next epoch that does not simulate it reads the cache."""
+        if self.dereverb != "off":
+            raise ValueError(f"{self}: a dereverberated cache is for evaluation; training offers clean audio")
         if not self._writable:
             return
         key = utterance_key(audio_path, md5)
@@ -198,6 +210,9 @@ class FeatureCache:
         from .mel import power_spectrogram
         if wave is None:
             wave = load_wave(audio_path, self.settings.sample_rate)
+        if self.dereverb != "off":
+            from .dereverb import dereverberate
+            wave = dereverberate(wave, self.dereverb)
         with single_thread():
             power = power_spectrogram(wave.to(torch.float32), self.settings).contiguous()
         _, dtype, storage = DTYPES[self.dtype]
@@ -237,19 +252,22 @@ class FeatureCache:
         target = self.dir / "settings.json"
         if not target.is_file():
             tmp = target.with_name(f".settings.json.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-            tmp.write_text(json.dumps(_description(self.settings, self.dtype), indent=2) + "\n")
+            tmp.write_text(json.dumps(_description(self.settings, self.dtype, self.dereverb), indent=2) + "\n")
             os.replace(tmp, target)
         self._described = True
 
 
-def open_feature_cache(spec, manifest, settings: FeatureSettings, where: str = "data.feature_cache"
-                       ) -> FeatureCache | None:
+def open_feature_cache(spec, manifest, settings: FeatureSettings, where: str = "data.feature_cache",
+                       dereverb: str = "off") -> FeatureCache | None:
     """The cache a setting asks for: ``"auto"`` (``feature_cache/`` next to ``manifest``), ``"off"`` / ``""`` /
     None (none), a folder, or a FeatureCache (returned as it is, if it holds ``settings``' spectrograms). Anything
     else is a ValueError naming ``where``."""
     if spec is None:
         return None
     if isinstance(spec, FeatureCache):
+        if spec.dereverb != dereverb:
+            raise ValueError(f"{where}: the feature cache {spec.dir} holds features with dereverb={spec.dereverb!r}, "
+                             f"asked for {dereverb!r} ({manifest})")
         if spec.settings != settings:
             raise ValueError(f"{where}: the feature cache {spec.dir} holds other feature settings than the "
                              f"features asked for ({manifest})")
@@ -262,4 +280,4 @@ def open_feature_cache(spec, manifest, settings: FeatureSettings, where: str = "
     root = Path(manifest).resolve().parent / "feature_cache" if text.lower() == "auto" else Path(text)
     if root.exists() and not root.is_dir():
         raise ValueError(f"{where}: {root} exists and is not a folder")
-    return FeatureCache(root, settings)
+    return FeatureCache(root, settings, dereverb=dereverb)
