@@ -612,8 +612,8 @@ def _decode_epoch(args, ck: Path, methods: list[str]) -> int:
 
 
 def _same_front_end(result: Path, args) -> bool:
-    """Whether a cached per-epoch result was decoded with the dereverberation asked for now (when --dereverb is
-    given; results from before the option count as "off")."""
+    """Whether a cached per-epoch result was decoded with the dereverberation asked for now (--dereverb, else the
+    checkpoint's decode.dereverb; results from before the option count as "off")."""
     if args.dereverb is None:
         return True
     try:
@@ -631,14 +631,13 @@ def warm_dereverb_cache(manifests, settings, dereverb: str, limit: int = 0, jobs
     from tqdm import tqdm
 
     from .data.manifest import audio_path, read_manifest
-    from .frontend.cache import open_feature_cache
+    from .frontend.cache import open_feature_cache, utterance_key
     todo = []
     for m in dict.fromkeys(str(m) for m in manifests):
         cache = open_feature_cache("auto", m, settings, dereverb=dereverb)
         for e in read_manifest(m)[:limit or None]:
             path = audio_path(e, Path(m))
             try:
-                from .frontend.cache import utterance_key
                 if cache.path_of(utterance_key(path, e.get("md5"))).is_file():
                     continue
             except OSError:
@@ -682,13 +681,12 @@ def run_dir_mode(args) -> int:
     while True:
         ckpts = [ck for ck in sorted((run / "checkpoints").glob("epoch*.pt")) if _epoch_of(ck) not in done_epochs]
         if ckpts and methods is None:                   # every epoch of a run has the same config: ask the first
-            ckpt = load_checkpoint(ckpts[0])[3]
+            _, _, norm, ckpt = load_checkpoint(ckpts[0])
             _load_lm(args, ckpts[0], ckpt)              # a mismatched --lm stops here, before any decoding
             methods = _run_dir_methods(args, ckpt)
-            dereverb = args.dereverb or _decode_config(ckpt).dereverb
-            if dereverb != "off":
-                warm_dereverb_cache(args.manifest, load_checkpoint(ckpts[0])[2].settings, dereverb, args.limit,
-                                    args.jobs)
+            # the front end every epoch is decoded with (a cached result decoded otherwise is decoded again)
+            args.dereverb = args.dereverb or _decode_config(ckpt).dereverb
+            warm_dereverb_cache(args.manifest, norm.settings, args.dereverb, args.limit, args.jobs)
             if args.lm and not {"ctc_beam", "joint"} & set(methods):
                 raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam or joint only (here: {methods[0]})")
         if args.jobs > 1 and len(ckpts) > 1:

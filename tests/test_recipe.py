@@ -86,6 +86,18 @@ def test_tiny_model_overfits_a_handful_of_utterances(corpus, tmp_path):
                    capture_output=True)
     table = json.loads((run / "wer_per_epoch.json").read_text())
     assert table["few"] and (run / "wer_per_epoch.png").stat().st_size > 1000
+    # WPE before the features: every epoch decoded again (its cached results were decoded without), the
+    # dereverberated spectrograms computed once (2 processes) into a cache folder of their own
+    subprocess.run([BIN / "asr-eval", "--run-dir", run, "--manifest", corpus / "few.jsonl", "--method", "ctc",
+                    "--dereverb", "wpe", "--jobs", "2"], check=True, capture_output=True)
+    per_epoch = [json.loads(f.read_text()) for f in (run / "eval").glob("few.ctc.epoch*.json")]
+    assert per_epoch and {r["dereverb"] for r in per_epoch} == {"wpe"}
+    subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
+                    corpus / "few.jsonl", "--json", out, "--method", "ctc", "--dereverb", "wpe"], check=True,
+                   capture_output=True)
+    assert json.loads(out.read_text())["dereverb"] == "wpe"
+    described = [json.loads(f.read_text()) for f in (corpus / "feature_cache").glob("*/settings.json")]
+    assert [d["dereverb"]["method"] for d in described if "dereverb" in d] == ["wpe"]
     # CTC prefix beam search with the LM from asr-prep lm-text + asr-lm, n-best rescored by the attention decoder
     lm_dir = tmp_path / "lm"
     subprocess.run([BIN / "asr-prep", "lm-text", "--corpus", corpus, "--out", lm_dir / "text.txt", "--extra", "200"],
