@@ -40,9 +40,14 @@ def describe(method: str) -> dict | None:
     """What a dereverberated feature depends on (for cache digests and results); None for "off"."""
     if check(method) == "off":
         return None
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        installed = version("nara_wpe")
+    except PackageNotFoundError:
+        raise ValueError("dereverb 'wpe' needs the nara_wpe package (setup.cfg's asr extra; make setup installs it)"
+                         ) from None
     return {"method": "wpe", "taps": WPE_TAPS, "delay": WPE_DELAY, "iterations": WPE_ITERATIONS, "fft": WPE_FFT,
-            "shift": WPE_SHIFT, "nara_wpe": version("nara_wpe")}
+            "shift": WPE_SHIFT, "nara_wpe": installed}
 
 
 def dereverberate(wave: torch.Tensor, method: str = "wpe") -> torch.Tensor:
