@@ -2,8 +2,10 @@
 
     python scripts/wpe_copy.py --manifest exp/corpus/test_far.jsonl --name test_far_wpe [--taps 10 --delay 3]
 
-Writes DIR/audio/NAME/*.flac and DIR/NAME.jsonl next to the manifest (resumable: finished files are kept). nara_wpe
-is not a project dependency: install it for the experiment (pip install nara_wpe). Weighted prediction error
+Writes DIR/audio/NAME/*.flac and DIR/NAME.jsonl next to the manifest (resumable: finished files are kept). Used to
+choose asr.frontend.dereverb's settings (recipes/bfa/RESULTS.md, 2026-12-05 eighth session); the recipe itself
+dereverberates inside asr-eval (--dereverb wpe), not through copies. Run numpy on one thread (OMP_NUM_THREADS=1)
+when two copies run at once. Weighted prediction error
 (Nakatani et al. 2010; Yoshioka & Nakatani 2012) removes late reverberation by linear prediction in the STFT domain;
 it does nothing for additive noise.
 """
