@@ -642,7 +642,7 @@ def warm_dereverb_cache(manifests, settings, dereverb: str, limit: int = 0, jobs
                     continue
             except OSError:
                 continue        # an unreadable file: the decoder reports it
-            todo.append((m, str(path), e.get("md5"), settings, dereverb))
+            todo.append((cache, str(path), e.get("md5")))
     if not todo:
         return
     chunks = [todo[i::max(1, jobs * 8)] for i in range(max(1, jobs * 8))]
@@ -660,10 +660,9 @@ def warm_dereverb_cache(manifests, settings, dereverb: str, limit: int = 0, jobs
 
 
 def _warm_job(chunk) -> int:
-    from .frontend.cache import open_feature_cache
-    for m, path, md5, settings, dereverb in chunk:
+    for cache, path, md5 in chunk:      # the manifest's FeatureCache (it pickles as its paths and settings)
         try:
-            open_feature_cache("auto", m, settings, dereverb=dereverb).power(path, md5)
+            cache.power(path, md5)
         except (ValueError, RuntimeError, OSError, EOFError):
             pass                # the decoder meets it again, and reports it as a skipped utterance
     return len(chunk)
@@ -809,9 +808,6 @@ def main(argv=None) -> int:
     if args.lm and method not in ("ctc_beam", "joint", "combine"):
         raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam, joint or combine only (the default here: {method})")
     opts = _decode_opts(args, ckpt, _load_lm(args, args.checkpoint, ckpt), method)
-    warm_dereverb_cache(args.manifest, norm.settings, opts["dereverb"], args.limit, args.jobs)
-    if args.tune_on:
-        warm_dereverb_cache([args.tune_on], norm.settings, opts["dereverb"], args.tune_limit, args.jobs)
     tuned = None
     if args.tune_on:
         if method not in ("joint", "lexicon", "combine"):
@@ -821,10 +817,12 @@ def main(argv=None) -> int:
         if Path(args.tune_on).resolve() in {Path(m).resolve() for m in args.manifest}:
             raise SystemExit(f"asr-eval: --tune-on {args.tune_on} is also a --manifest: tune on a dev set, not on "
                              f"the set you report")
+        warm_dereverb_cache([args.tune_on], norm.settings, opts["dereverb"], args.tune_limit, args.jobs)
         tuned = tune(args, ckpt, {k: v for k, v in opts.items() if k != "lm"})
         opts.update(tuned["chosen"])
         if opts["lm_weight"] <= 0 and method != "combine":     # combine's candidates are still scored by the LM
             opts["lm"] = None
+    warm_dereverb_cache(args.manifest, norm.settings, opts["dereverb"], args.limit, args.jobs)
     use_lm = opts.get("lm") is not None and (opts.get("lm_weight", 0) > 0 or method == "combine")
     lm_path = args.lm if use_lm else None
     jobs = [(args.checkpoint, lm_path, m, args.limit, {k: v for k, v in opts.items() if k != "lm"})
