@@ -70,13 +70,21 @@ def test_tiny_model_overfits_a_handful_of_utterances(corpus, tmp_path):
     # the dev pass every 8th epoch and after the last; CTC first in the record
     assert [e["epoch"] for e in epochs if "dev_wer_ctc" in e] == [7, 15, 23, 31, 39, 47, 55, 63, 69]
     assert [k for k in epochs[-1] if k.startswith("dev_")] == ["dev_wer_ctc", "dev_wer_greedy"]
-    # asr-eval on the same run: JSON with every hypothesis, and the per-epoch plot
+    # asr-eval on the same run: JSON with every hypothesis, and the per-epoch plot. Its attention greedy decode
+    # is the trainer's dev pass, so it reads WER 0 too.
     out = tmp_path / "eval.json"
+    subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
+                    corpus / "few.jsonl", "--json", out, "--method", "attention"], check=True, capture_output=True)
+    res = json.loads(out.read_text())
+    assert res["method"] == "attention" and res["wer"] == 0.0 and len(res["hypotheses"]) == 4
+    assert sum(x["utterances"] for x in res["per_speaker"].values()) == 4
+    # the default, the joint CTC/attention search: it mixes in the CTC head, still at dev WER 1.0 after these 70
+    # one-step epochs, so where it lands depends on the CPU's rounding (on an AVX-512 host "elijah" became
+    # "rajah"); it must decode every utterance
     subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
                     corpus / "few.jsonl", "--json", out], check=True, capture_output=True)
     res = json.loads(out.read_text())
-    assert res["wer"] == 0.0 and len(res["hypotheses"]) == 4
-    assert sum(x["utterances"] for x in res["per_speaker"].values()) == 4
+    assert res["method"] == "joint" and len(res["hypotheses"]) == 4 and 0.0 <= res["wer"] <= 0.25
     # the CTC head's best path, no decoder
     subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
                     corpus / "few.jsonl", "--json", out, "--method", "ctc"], check=True, capture_output=True)
