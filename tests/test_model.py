@@ -162,3 +162,18 @@ def test_schedule_ends_at_the_final_lr_and_epoch_decay_is_unchanged(schedule):
     assert lr_factor(50, 3, 10, 0.9, schedule, 1.0, 0.05) == pytest.approx(0.05)        # the end value
     assert lr_factor(50, 3, 10, 0.9, schedule, 7.0, 0.05) == pytest.approx(0.05)        # past the end: clamped
     assert lr_factor(50, 2, 10, 0.9) == pytest.approx(0.81)
+
+
+def test_flush_subnormals_reads_and_writes_them_as_zero_and_can_be_undone():
+    """train.flush_denormal: a subnormal operand counts as zero and a subnormal result becomes zero; off, both
+    are kept (the default of a fresh process, restored here so no other test sees the flag)."""
+    from asr.train import flush_subnormals
+    tiny = torch.finfo(torch.float32).tiny
+    sub = torch.tensor([tiny / 4])
+    try:
+        assert flush_subnormals(True)
+        assert (sub * 1.0).item() == 0.0 and (torch.tensor([tiny]) / 4).item() == 0.0
+        assert (torch.tensor([tiny]) * 2).item() == 2 * tiny                  # normal values are untouched
+    finally:
+        assert not flush_subnormals(False)
+    assert (sub * 1.0).item() == pytest.approx(tiny / 4) and (torch.tensor([tiny]) / 4).item() > 0

@@ -205,6 +205,7 @@ def test_train_under_horovodrun_with_compression_and_pipelining(corpus, tmp_path
     start = next(r for r in recs if r["event"] == "start")
     assert start["workers"] == 2 and start["compression"] == "global_qsgd8" and start["pipeline"]
     assert start["cycle_time_ms"] == 7.0        # train.cycle_time_ms reached hvd.init() on the workers
+    assert start["flush_denormal"]              # train.flush_denormal (default on) took effect on the CPU
     epochs = [r for r in recs if r["event"] == "epoch"]
     assert len(epochs) == 2 and epochs[1]["train_loss"] < epochs[0]["train_loss"]
     # The communication and loader waits are each epoch's own share, within that epoch's training time.
