@@ -83,7 +83,7 @@ class TrainConfig:
     threads: int = 1                    # torch threads per trainer
     flush_denormal: bool = True         # CPU: subnormal floats read and written as zero (torch.set_flush_denormal).
                                         # A trained model's step hits them: one thread, the 60-minute model's step
-                                        # at epoch 7 took 190 ms, 158 flushed; at epoch 0 159 / 154
+                                        # at epoch 7 took 184 ms, 155 flushed; at epoch 0 152 / 148
                                         # (scripts/denormal_probe.py, RESULTS.md 2026-12-05 ninth session)
     cycle_time_ms: float = 0.0          # Horovod's cycle time (HOROVOD_CYCLE_TIME) unless the launcher set one;
                                         # 0: Horovod's default (1 ms). Every cycle is a small collective even when

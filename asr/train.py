@@ -573,7 +573,7 @@ def flush_subnormals(on: bool) -> bool:
     """Have this thread's CPU float arithmetic read and write subnormal values (below 1.2e-38 in fp32) as zero, or
     not; True if it now does. Why: x86 cores take many times longer on an operation with a subnormal operand, and
     a trained model meets them (Adam's moments, saturated gates, attention tails). One thread, the 60-minute
-    model's step: 190 ms at epoch 7 and 159 ms at epoch 0, 158 and 154 ms flushed (scripts/denormal_probe.py). The
+    model's step: 184 ms at epoch 7 and 152 ms at epoch 0, 155 and 148 ms flushed (scripts/denormal_probe.py). The
     setting is per thread: torch's other intra-op threads (train.threads > 1) keep theirs."""
     return bool(torch.set_flush_denormal(on)) and on
 
