@@ -4,9 +4,9 @@ flushing them to zero (``torch.set_flush_denormal(True)``) give the time back?
     .venv/bin/python scripts/denormal_probe.py --corpus exp/corpus_small_train20000_seed0 \
         --checkpoint RUN/checkpoints/epoch000.pt --checkpoint RUN/checkpoints/epoch008.pt
 
-Why: in the 60-minute benchmark of 2026-12-05 (ninth session) the step time rose from 0.28 s in epoch 0 to 0.40 s in
-epoch 7 with the loader and reduction waits flat, and Adam's first moments held 41 subnormal values at epoch 0 and
-3,570 at epoch 8. On x86 CPUs an operation on a subnormal operand can take many times longer than on a normal one.
+Why: in the 60-minute benchmark of 2026-12-05 (ninth session) the step time rose from 0.28 s in epoch 0 to 0.39 s in
+epoch 7 with the loader and reduction waits flat, and Adam's state held 41 subnormal values at epoch 0 and 3,570 at
+epoch 8 (almost all in the first moments). On x86 CPUs an operation on a subnormal operand can take many times longer than on a normal one.
 
 For each checkpoint: the model and its Adam state (rank 0's) are loaded, and the same real training batches (the
 corpus's clean cached features, packed as the trainer packs them) go through forward, backward and Adam on one
