@@ -6,7 +6,8 @@ flushing them to zero (``torch.set_flush_denormal(True)``) give the time back?
 
 Why: in the 60-minute benchmark of 2026-12-05 (ninth session) the step time rose from 0.28 s in epoch 0 to 0.39 s in
 epoch 7 with the loader and reduction waits flat, and Adam's state held 41 subnormal values at epoch 0 and 3,570 at
-epoch 8 (almost all in the first moments). On x86 CPUs an operation on a subnormal operand can take many times longer than on a normal one.
+epoch 8 (almost all in the first moments). On x86 CPUs an operation on a subnormal operand can take many times
+longer than on a normal one.
 
 For each checkpoint: the model and its Adam state (rank 0's) are loaded, and the same real training batches (the
 corpus's clean cached features, packed as the trainer packs them) go through forward, backward and Adam on one
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import json
 import random
 import time
@@ -46,17 +46,14 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=8, help="batches timed per setting (after one warm-up)")
     p.add_argument("--json", default="out/denormal_probe.json")
     args = p.parse_args()
-    from asr.checkpoint import TrainingCheckpoint
     from asr.data.lexicon import Lexicon
-    from asr.loader import BucketBatchSampler, Normalizer, SpeechDataset, Tokenizer, collate
-    from asr.models.bfa import BFA, BFAConfig
+    from asr.evaluate import load_checkpoint
+    from asr.loader import BucketBatchSampler, SpeechDataset, collate
     torch.set_num_threads(1)
     results = []
     for path in args.checkpoint:
-        ck = TrainingCheckpoint.load(path)
+        model, tok, norm, ck = load_checkpoint(path)
         data = ck.config["data"]
-        tok = Tokenizer(ck.tokenizer)
-        norm = Normalizer(ck.stats, data.get("cmvn", "global"), expect=ck.config.get("features"))
         ds = SpeechDataset(str(Path(args.corpus) / "train.jsonl"), tok, norm, feature_cache=data.get("feature_cache"))
         lexicon = Lexicon(data["lexicon"]) if data.get("lexicon") else None
         sampler = BucketBatchSampler(ds.durations, ck.config["train"]["batch_seconds"], ck.config["train"]["max_batch"],
@@ -64,8 +61,6 @@ def main() -> None:
         picks = list(sampler)
         random.Random(0).shuffle(picks)
         batches = [collate([ds[i] for i in b], lexicon=lexicon) for b in picks[:args.batches + 1]]
-        model = BFA(BFAConfig(**ck.model_config))
-        model.load_state_dict(ck.model)
         model.train()
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
         opt.load_state_dict({"state": ck.optimizer["state"], "param_groups": ck.optimizer["param_groups"]})
