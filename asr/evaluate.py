@@ -118,7 +118,7 @@ def parse_args(argv=None):
                         "--method lexicon: the n-gram's weight and the word score, then the blank penalty, then the "
                         "n-best rescoring weight; --method combine: the joint search's settings, then the weights "
                         "of the pooled candidates' features (coordinate descent on dev's word errors; "
-                        "--tune-limit 200 recommended). A flag given explicitly (--ctc-weight, --lm-weight, --length-bonus, "
+                        "--tune-limit 500 recommended). A flag given explicitly (--ctc-weight, --lm-weight, --length-bonus, "
                         "--word-score, --blank-penalty, --att-weight) "
                         "is kept, not tuned; the grid is the checkpoint's decode.tune_* (see asr.config.DecodeConfig)")
     p.add_argument("--tune-limit", type=int, default=100, help="--tune-on: its first N utterances (default 100)")

@@ -1,5 +1,5 @@
 """Dereverberation before decoding (asr.frontend.dereverb, WPE through nara_wpe): it brings reverberant speech's
-features closer to the dry ones, keeps length, level, dtype and device, is cached apart from the plain features, and is refused
+features closer to the dry ones, reports the energy it removed, keeps length, level, dtype and device, is cached apart from the plain features, and is refused
 where it does not belong (training's augmenter, an unknown method)."""
 import json
 
@@ -12,7 +12,7 @@ from asr.config import ConfigError, DecodeConfig
 from asr.data.manifest import write_manifest
 from asr.frontend import FeatureSettings
 from asr.frontend.cache import FeatureCache, open_feature_cache, settings_digest
-from asr.frontend.dereverb import check, dereverberate
+from asr.frontend.dereverb import check, dereverberate, wpe
 from asr.loader import Normalizer, SpeechDataset
 
 SR = 16000
@@ -64,6 +64,16 @@ def test_wpe_brings_reverberant_speech_features_closer_to_the_dry_ones(t60):
     before, after = (float((features(x) - clean).pow(2).mean()) for x in (wet, out))
     assert after < 0.95 * before, (before, after)     # measured: 0.651 -> 0.564 (T60 0.4 s), 0.927 -> 0.841 (0.8 s)
     assert dereverberate(wet, "off") is wet
+
+
+def test_wpe_reports_how_much_energy_it_removed():
+    """Next to its output, wpe() gives the energy it removed: almost none from dry speech, more the longer the room's
+    tail (what scripts/wpe_gate_probe.py measures on a corpus)."""
+    dry = torch.from_numpy(_speech()).float()
+    out, removed = wpe(dry)
+    assert out.shape == dry.shape and 0.0 <= removed < 0.1, removed          # measured 0.001 dB
+    wet = [wpe(torch.from_numpy(_reverberant(dry.double().numpy(), t60)).float())[1] for t60 in (0.3, 0.8)]
+    assert 0.3 < wet[0] < wet[1], wet                                          # measured 0.72 and 1.18 dB
 
 
 def test_bad_methods_are_refused_naming_the_field():

@@ -13,6 +13,12 @@ Settings (:data:`WPE_TAPS`, ...), from the demo model's far-field set (250 utter
 42.9%). Iterations, on the ninth session's demo model (lexicon decoder, same 250 utterances): none 70.4%, one
 64.96, two 63.95, three 64.29%; so two, at two thirds of the cost of three.
 
+Not kept: a gate that uses WPE's output only where it removed at least 0.5 dB of energy. WPE removes little from
+dry speech (clean dev: median 0.16 dB, 95th percentile 0.42) and more from reverberant speech (far-field test: 5th
+percentile 0.57 dB, median 1.50; ``scripts/wpe_gate_probe.py``), but on the tenth session's 60-minute model the
+gate moved the combined decode by -0.34 points clean and +0.07 far-field at fixed weights, and by +0.02 / +0.75 with
+the weights tuned on dev again (recipes/bfa/RESULTS.md, 2026-12-05 tenth session).
+
 Cost: nara_wpe's ``wpe_v8`` (its loop over frequency bins, the same result as the batched ``wpe`` to 2e-8) took
 0.167 s for a 3-second utterance on one AVX-512 core against 0.214 s, with three iterations. The evaluation feature
 cache keeps the result (asr.frontend.cache: the settings below are part of its folder's digest). numpy's BLAS runs
@@ -53,11 +59,9 @@ def describe(method: str) -> dict | None:
             "iterations": WPE_ITERATIONS, "fft": WPE_FFT, "shift": WPE_SHIFT, "nara_wpe": installed}
 
 
-def dereverberate(wave: torch.Tensor, method: str = "wpe") -> torch.Tensor:
-    """``wave`` [samples] float32 with late reverberation removed, at the input's level (RMS), on its device and
-    with its length. ``method="off"`` returns it unchanged."""
-    if check(method) == "off" or wave.numel() < WPE_FFT:
-        return wave
+def wpe(wave: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """WPE's output for ``wave`` [samples] (float32, rescaled to the input's RMS, on its device, with its length) and
+    the energy it removed in dB (10 log10 of input over output power: about how much late reverberation there was)."""
     from nara_wpe.utils import istft, stft
     from nara_wpe.wpe import wpe_v8
     from threadpoolctl import threadpool_limits
@@ -68,6 +72,15 @@ def dereverberate(wave: torch.Tensor, method: str = "wpe") -> torch.Tensor:
         z = istft(Z.transpose(1, 2, 0), size=WPE_FFT, shift=WPE_SHIFT)[0][:y.size]
     z = np.pad(z, (0, y.size - z.size))
     power_in, power_out = float(np.mean(y ** 2)), float(np.mean(z ** 2))
+    removed_db = 10.0 * np.log10(power_in / power_out) if power_out > 0 and power_in > 0 else 0.0
     if power_out > 0:
         z = z * np.sqrt(power_in / power_out)
-    return torch.from_numpy(z).to(wave.device, wave.dtype)
+    return torch.from_numpy(z).to(wave.device, wave.dtype), float(removed_db)
+
+
+def dereverberate(wave: torch.Tensor, method: str = "wpe") -> torch.Tensor:
+    """``wave`` [samples] float32 with late reverberation removed, at the input's level (RMS), on its device and
+    with its length. ``method="off"`` returns it unchanged."""
+    if check(method) == "off" or wave.numel() < WPE_FFT:
+        return wave
+    return wpe(wave)[0]
