@@ -84,7 +84,9 @@ class TrainConfig:
     flush_denormal: bool = True         # CPU: subnormal floats read and written as zero (torch.set_flush_denormal).
                                         # A trained model's step hits them: one thread, the 60-minute model's step
                                         # at epoch 7 took 184 ms, 155 flushed; at epoch 0 152 / 148
-                                        # (scripts/denormal_probe.py, RESULTS.md 2026-12-05 ninth session)
+                                        # (scripts/denormal_probe.py, RESULTS.md 2026-12-05 ninth session). The
+                                        # 60-minute benchmark: 11,170 steps against 9,900, combined WER 27.7 / 52.9%
+                                        # against 27.8 / 53.9% clean / far-field (tenth session)
     cycle_time_ms: float = 0.0          # Horovod's cycle time (HOROVOD_CYCLE_TIME) unless the launcher set one;
                                         # 0: Horovod's default (1 ms). Every cycle is a small collective even when
                                         # idle: on a few CPU cores a longer one leaves them to training
