@@ -5,7 +5,8 @@
 
 Why: WPE before decoding takes about 3 points off far-field WER but adds up to about 1 on clean speech
 (recipes/bfa/RESULTS.md, 2026-12-05 ninth session). If dry speech loses little energy to WPE and reverberant speech
-loses much, a threshold on the removed energy can leave dry speech as it was. Prints the removed energy's
+loses much, a threshold on the removed energy can leave dry speech as it was (tried at 0.5 dB and not kept: RESULTS.md,
+2026-12-05 tenth session). Prints the removed energy's
 percentiles per manifest and, where rows name their room (``t60_band``, asr-prep far), per T60 band; the JSON holds
 every utterance's figure. One process, numpy on one thread (as asr-eval's WPE runs).
 """
