@@ -5,10 +5,10 @@
 
 Why: WPE before decoding takes about 3 points off far-field WER but adds up to about 1 on clean speech
 (recipes/bfa/RESULTS.md, 2026-12-05 ninth session). If dry speech loses little energy to WPE and reverberant speech
-loses much, a threshold on the removed energy can leave dry speech as it was (tried at 0.5 dB and not kept: RESULTS.md,
-2026-12-05 tenth session). Prints the removed energy's
-percentiles per manifest and, where rows name their room (``t60_band``, asr-prep far), per T60 band; the JSON holds
-every utterance's figure. One process, numpy on one thread (as asr-eval's WPE runs).
+loses much, a threshold on the removed energy can leave dry speech as it was (tried at 0.5 dB and not kept:
+RESULTS.md, 2026-12-05 tenth session). Prints the removed energy's percentiles per manifest and, where rows name
+their room (``t60_band``, asr-prep far), per T60 band; the JSON holds every utterance's figure. One process, numpy on
+one thread (as asr-eval's WPE runs).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from asr.data.manifest import audio_path, read_manifest
     from asr.frontend import load_wave
-    from asr.frontend.dereverb import WPE_FFT, describe, wpe
+    from asr.frontend.dereverb import describe, wpe
 
     out = {"dereverb": describe("wpe"), "manifests": {}}
     for m in args.manifest:
@@ -38,8 +38,7 @@ def main(argv=None) -> int:
         rows = read_manifest(m)[:args.limit]
         per = []
         for e in tqdm(rows, desc=f"wpe {m.name}", file=sys.stderr, dynamic_ncols=True):
-            wave = load_wave(audio_path(e, m))
-            removed = wpe(wave)[1] if wave.numel() >= WPE_FFT else 0.0
+            removed = wpe(load_wave(audio_path(e, m)))[1]
             per.append({"id": e["id"], "removed_db": round(removed, 3), "t60": e.get("t60"),
                         "t60_band": e.get("t60_band"), "speaker": e.get("speaker")})
         out["manifests"][str(m)] = per

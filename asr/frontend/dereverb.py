@@ -61,7 +61,10 @@ def describe(method: str) -> dict | None:
 
 def wpe(wave: torch.Tensor) -> tuple[torch.Tensor, float]:
     """WPE's output for ``wave`` [samples] (float32, rescaled to the input's RMS, on its device, with its length) and
-    the energy it removed in dB (10 log10 of input over output power: about how much late reverberation there was)."""
+    the energy it removed in dB (10 log10 of input over output power: about how much late reverberation there was).
+    Input shorter than one STFT frame comes back as it was, with 0 dB."""
+    if wave.numel() < WPE_FFT:
+        return wave, 0.0
     from nara_wpe.utils import istft, stft
     from nara_wpe.wpe import wpe_v8
     from threadpoolctl import threadpool_limits
@@ -81,6 +84,4 @@ def wpe(wave: torch.Tensor) -> tuple[torch.Tensor, float]:
 def dereverberate(wave: torch.Tensor, method: str = "wpe") -> torch.Tensor:
     """``wave`` [samples] float32 with late reverberation removed, at the input's level (RMS), on its device and
     with its length. ``method="off"`` returns it unchanged."""
-    if check(method) == "off" or wave.numel() < WPE_FFT:
-        return wave
-    return wpe(wave)[0]
+    return wave if check(method) == "off" else wpe(wave)[0]
