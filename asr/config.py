@@ -183,6 +183,10 @@ class DecodeConfig:
     # Every decoder's front end: "wpe" removes late reverberation from each utterance before its features
     # (asr.frontend.dereverb; about 0.4 s per utterance, cached). asr-eval --dereverb overrides it.
     dereverb: str = "off"
+    # Test-time VTLP warps: each utterance encoded once per warp (the same frames, another mel filterbank on its
+    # spectrogram) and the encoder outputs averaged, so every head and the attention decoder read the mean
+    # (asr.decode.encode). [] = the features as they are. asr-eval --warps overrides it.
+    warps: list = field(default_factory=list)
 
     def __post_init__(self):
         from .decode import METHODS
@@ -196,6 +200,9 @@ class DecodeConfig:
         from .frontend.dereverb import METHODS as DEREVERB
         if self.dereverb not in DEREVERB:
             raise ConfigError(f"decode.dereverb: expected one of {', '.join(DEREVERB)}, got {self.dereverb!r}")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0.5 <= x <= 2.0 for x in self.warps):
+            raise ConfigError(f"decode.warps: expected a list of VTLP warp factors in [0.5, 2.0] (e.g. [0.9, 1.0, "
+                              f"1.1]; [] for none), got {self.warps!r}")
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in self.combine_blank_offsets):
             raise ConfigError(f"decode.combine_blank_offsets: expected a list of numbers (added to the lexicon "
                               f"decoder's blank penalty), got {self.combine_blank_offsets!r}")

@@ -69,7 +69,7 @@ def utterance_ctc_log_probs(model: BFA, dataset):
             if isinstance(item, SkippedItem):
                 continue
             feats = item[1]
-            enc, enc_len = model.encode(feats[None], torch.tensor([feats.shape[0]]))
+            enc, enc_len = encode(model, feats[None], torch.tensor([feats.shape[-2]]))
             yield i, item, F.log_softmax(model.ctc_head(enc[0, :int(enc_len[0])]), dim=-1)
 
 
@@ -513,6 +513,18 @@ METHODS = ("attention", "ctc", "ctc_beam", "joint", "lexicon", "combine")
 
 
 @torch.no_grad()
+def encode(model: BFA, feats: torch.Tensor, feat_lengths: torch.Tensor):
+    """``model.encode`` of a batch; a batch with test-time warps ([B, K, T, n_mels], asr.loader.SpeechDataset's
+    ``warps``) is encoded as B x K utterances and each utterance's K encoder outputs are averaged. The heads are
+    linear, so the CTC heads read the mean of their K logits and the attention decoder the mean encoding: one
+    decode per utterance, whatever K."""
+    if feats.dim() == 3:
+        return model.encode(feats, feat_lengths)
+    B, K = feats.shape[:2]
+    enc, enc_lengths = model.encode(feats.flatten(0, 1), feat_lengths.repeat_interleave(K))
+    return enc.unflatten(0, (B, K)).mean(1), enc_lengths[::K]
+
+
 def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: int = 1, ctc_weight: float = 0.0,
                     lm=None, lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0,
                     max_ratio: float = 1.0, batch_seconds: float = 120.0, shard: tuple[int, int] = (0, 1), progress: str = "",
@@ -562,7 +574,7 @@ def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: i
         if not batch.ids:
             continue
         feats, flen = batch.feats.to(device), batch.flen
-        encoded = model.encode(feats, flen)
+        encoded = encode(model, feats, flen)
         for m in methods:
             if m == "lexicon":
                 nbest = lexicon_decoder.nbest(*model.phone_log_probs(*encoded))

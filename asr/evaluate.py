@@ -36,6 +36,16 @@ def _offsets_arg(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, e.g. 1.5 or 1,2") from None
 
 
+def _warps_arg(text: str) -> list[float]:
+    try:
+        warps = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated warp factors, e.g. 0.9,1,1.1, got {text!r}")
+    if not all(0.5 <= w <= 2.0 for w in warps):
+        raise argparse.ArgumentTypeError(f"warp factors must lie in [0.5, 2.0], got {text!r}")
+    return warps
+
+
 def _weights_arg(text: str) -> dict:
     """--combine-weights: a JSON object of feature -> weight."""
     from .combine import full_weights
@@ -94,6 +104,10 @@ def parse_args(argv=None):
                    help="wpe: late reverberation removed from every utterance before its features (single-channel "
                         "WPE, nara_wpe; about 0.4 s per utterance, kept in the feature cache next to each manifest). "
                         "Default: decode.dereverb (cpu-small: wpe)")
+    p.add_argument("--warps", type=_warps_arg, metavar="W[,W...]",
+                   help="test-time VTLP warps, e.g. 0.9,0.95,1,1.05,1.1: each utterance encoded at each warp and the "
+                        "encoder outputs averaged before every head and the attention decoder ('' for none; "
+                        "default: decode.warps)")
     p.add_argument("--combine-blank-offsets", type=_offsets_arg, metavar="X[,Y]",
                    help="combine: the lexicon decoder searches again at its blank penalty + each of these, and "
                         "their n-best join the candidates ('' for none; default: decode.combine_blank_offsets)")
@@ -165,7 +179,7 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
              lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0, max_ratio: float = 1.0,
              lexicon=None, ngram=None, word_score: float = 0.0, lexicon_nbest: int = 10,
              blank_penalty: float = 0.0, combine: dict | None = None, shard: tuple[int, int] = (0, 1),
-             dereverb: str = "off") -> dict:
+             dereverb: str = "off", warps=()) -> dict:
     """Decode a manifest; return WER, SER (overall, ``per_speaker`` and, when the manifest's entries carry a
     ``domain``, ``per_domain``; a far-field set's ``per_t60_band`` and ``per_snr_band``), the decoding time and every
     (id, ref, hyp).
@@ -187,11 +201,16 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     ``shard`` = (i, n): only the i-th of every n length-sorted batches (the rows of n shards make the whole set).
 
     ``dereverb`` (asr.frontend.dereverb): "wpe" removes late reverberation before the features; the result is kept
-    in the feature cache next to the manifest (``feature_cache/``), plain features are computed as they are read."""
+    in the feature cache next to the manifest (``feature_cache/``), plain features are computed as they are read.
+
+    ``warps``: test-time VTLP warps whose encoder outputs are averaged (asr.decode.encode; the spectrograms go
+    through the feature cache)."""
     from .decode import decode_manifest
     from .loader import SpeechDataset
     from .metrics import ErrorCounts, utterance_errors
-    ds = SpeechDataset(manifest, tok, norm, feature_cache="auto" if dereverb != "off" else None, dereverb=dereverb)
+    warps = [float(w) for w in warps or ()]
+    ds = SpeechDataset(manifest, tok, norm, feature_cache="auto" if dereverb != "off" or warps else None,
+                       dereverb=dereverb, warps=warps)
     if limit:
         ds.entries = ds.entries[:limit]
     needs_ctc = method in ("ctc", "ctc_beam") or method == "joint" and ctc_weight > 0
@@ -249,7 +268,7 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
         from .combine import sources
         extra.update(combine=combine, picked_from={src: picked.count(src)
                                                    for src in sources(combine.get("blank_offsets") or ())})
-    return {**res, "method": method, "dereverb": dereverb, "beam": beam, "ctc_weight": ctc_weight,
+    return {**res, "method": method, "dereverb": dereverb, "warps": warps, "beam": beam, "ctc_weight": ctc_weight,
             "lm_weight": lm_weight if lm is not None or (method == "lexicon" and ngram) else 0.0, **extra,
             "length_bonus": length_bonus, "att_weight": att_weight, "max_ratio": max_ratio,
             "decode_seconds": round(seconds, 3), "seconds_per_utterance": round(seconds / max(len(rows), 1), 5),
@@ -362,7 +381,8 @@ def _decode_opts(args, ckpt, lm=None, method: str | None = None) -> dict:
     method = method or _method(args, ckpt)
     pick = lambda flag, default: flag if flag is not None else default
     opts = {"beam": pick(args.beam, dec.beam), "ctc_weight": pick(args.ctc_weight, dec.ctc_weight), "method": method,
-            "dereverb": pick(getattr(args, "dereverb", None), dec.dereverb)}
+            "dereverb": pick(getattr(args, "dereverb", None), dec.dereverb),
+            "warps": list(pick(getattr(args, "warps", None), dec.warps))}
     if method == "ctc_beam":
         opts.update(beam=pick(args.beam, dec.prefix_beam), lm=lm, att_weight=pick(args.att_weight, dec.att_weight),
                     lm_weight=pick(args.lm_weight, dec.lm_weight) if lm is not None else 0.0,
@@ -612,14 +632,17 @@ def _decode_epoch(args, ck: Path, methods: list[str]) -> int:
 
 
 def _same_front_end(result: Path, args) -> bool:
-    """Whether a cached per-epoch result was decoded with the dereverberation asked for now (--dereverb, else the
-    checkpoint's decode.dereverb; results from before the option count as "off")."""
-    if args.dereverb is None:
+    """Whether a cached per-epoch result was decoded with the dereverberation and the warps asked for now
+    (--dereverb, --warps; else the checkpoint's decode section; results from before an option count as "off" and
+    none)."""
+    if args.dereverb is None and args.warps is None:
         return True
     try:
-        return json.loads(result.read_text()).get("dereverb", "off") == args.dereverb
+        old = json.loads(result.read_text())
     except (OSError, ValueError):
         return False
+    return ((args.dereverb is None or old.get("dereverb", "off") == args.dereverb)
+            and (args.warps is None or [float(w) for w in old.get("warps", [])] == args.warps))
 
 
 def warm_dereverb_cache(manifests, settings, dereverb: str, limit: int = 0, jobs: int = 1) -> None:
@@ -685,6 +708,7 @@ def run_dir_mode(args) -> int:
             methods = _run_dir_methods(args, ckpt)
             # the front end every epoch is decoded with (a cached result decoded otherwise is decoded again)
             args.dereverb = args.dereverb or _decode_config(ckpt).dereverb
+            args.warps = list(_decode_config(ckpt).warps) if args.warps is None else args.warps
             warm_dereverb_cache(args.manifest, norm.settings, args.dereverb, args.limit, args.jobs)
             if args.lm and not {"ctc_beam", "joint"} & set(methods):
                 raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam or joint only (here: {methods[0]})")
@@ -768,6 +792,8 @@ def write_summary(run: Path, manifests, method: str = "attention") -> None:
 def _describe(r: dict) -> str:
     """The decoding settings of a result, for the printed summary."""
     front = "WPE dereverberation, " if r.get("dereverb", "off") != "off" else ""
+    if r.get("warps"):
+        front += f"warps {','.join(f'{w:g}' for w in r['warps'])} averaged, "
     return front + _describe_decoder(r)
 
 

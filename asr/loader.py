@@ -108,10 +108,14 @@ class SpeechDataset(Dataset):
     are the same as without it.
 
     ``dereverb`` (asr.frontend.dereverb.METHODS; evaluation only, no augmenter): late reverberation removed from
-    every utterance before its features (cached apart from the plain ones)."""
+    every utterance before its features (cached apart from the plain ones).
+
+    ``warps`` (evaluation only, needs the feature cache): each item's features at each of these VTLP warps, stacked
+    [warps, frames, n_mels] (a warp changes the mel filterbank, not the frames); :func:`asr.decode.encode` averages
+    their encoder outputs."""
 
     def __init__(self, manifest, tokenizer: Tokenizer, normalizer: Normalizer, augmenter=None,
-                 max_duration: float | None = None, feature_cache=None, dereverb: str = "off"):
+                 max_duration: float | None = None, feature_cache=None, dereverb: str = "off", warps=()):
         self.manifest = Path(manifest)
         entries = read_manifest(self.manifest)
         if max_duration:
@@ -124,6 +128,9 @@ class SpeechDataset(Dataset):
         from .frontend.dereverb import check
         self.dereverb = check(dereverb, "SpeechDataset: dereverb")
         self.feature_cache = open_feature_cache(feature_cache, self.manifest, normalizer.settings, dereverb=dereverb)
+        self.warps = tuple(float(w) for w in warps)
+        if self.warps and self.feature_cache is None:
+            raise ValueError("SpeechDataset: warps are computed from cached spectrograms; give a feature_cache")
         self.augmenter = augmenter
         self._epoch = SharedEpoch()             # seen by persistent DataLoader workers
         self._logged_skips: set[str] = set()
@@ -137,8 +144,9 @@ class SpeechDataset(Dataset):
 
     @augmenter.setter
     def augmenter(self, augmenter) -> None:
-        if augmenter is not None and self.dereverb != "off":
-            raise ValueError("SpeechDataset: dereverb is a decoding front end; it does not combine with an augmenter")
+        if augmenter is not None and (self.dereverb != "off" or self.warps):
+            raise ValueError("SpeechDataset: dereverb and warps are a decoding front end; they do not combine with an "
+                             "augmenter")
         features = getattr(getattr(augmenter, "config", None), "features", None)
         if features is not None:
             self.normalizer.settings.check(features, self.normalizer.stats_path,
@@ -167,6 +175,9 @@ class SpeechDataset(Dataset):
                     feats, _ = self.augmenter(wave, e["id"], int(self._epoch))
                 else:
                     feats = compute_features(wave, settings)
+            elif self.warps:        # [warps, frames, n_mels]: each copy normalized on its own, as one utterance
+                return self._finish(e, path, torch.stack([self.normalizer(cache.features(path, e.get("md5"), warp=w))
+                                                          for w in self.warps]))
             elif self.augmenter is None:
                 feats = cache.features(path, e.get("md5"))
             elif getattr(self.augmenter, "takes_cached_power", False):
@@ -181,9 +192,13 @@ class SpeechDataset(Dataset):
                 feats, _ = self.augmenter(load_wave(path, settings.sample_rate), e["id"], int(self._epoch))
             feats = self.normalizer(feats)
         except (ValueError, RuntimeError, OSError, EOFError) as err:
-            reason = str(err) if str(path) in str(err) else f"{path}: {type(err).__name__}: {err}"
-            return self._skip(e["id"], reason)
-        if feats.shape[0] == 0:
+            return self._skip(e["id"], str(err) if str(path) in str(err) else f"{path}: {type(err).__name__}: {err}")
+        return self._finish(e, path, feats)
+
+    def _finish(self, e: dict, path, feats: torch.Tensor):
+        """The item of entry ``e`` with its features ([frames, n_mels], or [warps, frames, n_mels]), or a SkippedItem
+        for features no model can read."""
+        if feats.shape[-2] == 0:
             return self._skip(e["id"], f"{path}: no feature frames")
         if not torch.isfinite(feats).all():
             return self._skip(e["id"], f"{path}: non-finite features")
@@ -203,7 +218,7 @@ class Batch(NamedTuple):
     whose items were all dropped has zero utterances (feats [0, 0, N_MELS], toks [0, 1], empty lengths, ids and
     texts): the trainer still takes part in the step, so every rank runs the same number of steps."""
     ids: list[str]
-    feats: torch.Tensor                # [B, T, n_mels] float32, padded with 0
+    feats: torch.Tensor                # [B, T, n_mels] float32, padded with 0 ([B, warps, T, n_mels] with test warps)
     flen: torch.Tensor                 # [B] int64 feature frames
     toks: torch.Tensor                 # [B, L] int64 token ids padded with -1, L >= 1
     tlen: torch.Tensor                 # [B] int64 tokens
@@ -233,10 +248,10 @@ def collate(batch, lexicon=None) -> Batch:
         return Batch([], torch.zeros(0, 0, N_MELS), empty, torch.full((0, 1), -1, dtype=torch.long), empty.clone(),
                      [], skipped, *phones)
     ids, feats, toks, texts = zip(*batch)
-    flen = torch.tensor([f.shape[0] for f in feats], dtype=torch.long)
-    F = torch.zeros(len(batch), int(flen.max()), feats[0].shape[1])
+    flen = torch.tensor([f.shape[-2] for f in feats], dtype=torch.long)
+    F = torch.zeros(len(batch), *feats[0].shape[:-2], int(flen.max()), feats[0].shape[-1])
     for i, f in enumerate(feats):
-        F[i, :f.shape[0]] = f
+        F[i, ..., :f.shape[-2], :] = f
     T, tlen = pad_ids(toks)
     phones = pad_ids([lexicon.encode(t) for t in texts]) if lexicon is not None else (None, None)
     return Batch(list(ids), F, flen, T, tlen, list(texts), skipped, *phones)

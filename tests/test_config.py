@@ -38,6 +38,9 @@ def test_choices_and_unknown_keys_are_refused():
     with pytest.raises(ConfigError, match="decode.combine_blank_offsets: expected a list of numbers"):
         load_config(CONF, ["decode.combine_blank_offsets=[1.5, loud]"])
     assert load_config(CONF, ["decode.combine_blank_offsets=[1.5]"]).decode.combine_blank_offsets == [1.5]
+    with pytest.raises(ConfigError, match="decode.warps: expected a list of VTLP warp factors in \\[0.5, 2.0\\]"):
+        load_config(CONF, ["decode.warps=[0.9, 3.0]"])
+    assert load_config(CONF, ["decode.warps=[0.9, 1.0, 1.1]"]).decode.warps == [0.9, 1.0, 1.1]
 
 
 def test_slowmo_settings_are_checked():

@@ -263,3 +263,44 @@ def test_two_processes_fill_one_cache_at_once(corpus):
         assert torch.equal(cache.features(p), uncached(p))
     assert cache.hits == 4 and cache.rejected == 0
     assert [f.name for f in cache.dir.iterdir() if f.name.startswith(".")] == []
+
+
+def test_test_time_warps_stack_the_features_and_encode_averages_them(corpus):
+    """decode.warps / asr-eval --warps: an item holds its features at every warp ([warps, frames, n_mels], warp 1
+    the plain item), collate pads them as a batch [B, warps, T, n_mels], and asr.decode.encode gives the mean of
+    the warps' encoder outputs (one decode per utterance)."""
+    from asr.decode import encode
+    from asr.loader import collate
+    from asr.models.bfa import BFA, BFAConfig
+    stats = corpus / "stats.json"
+    warps = (0.9, 1.0, 1.1)
+    ds = SpeechDataset(corpus / "train.jsonl", CharTokenizer(), Normalizer(stats, "utterance"),
+                       feature_cache="auto", warps=warps)
+    plain = SpeechDataset(corpus / "train.jsonl", CharTokenizer(), Normalizer(stats, "utterance"),
+                          feature_cache="auto")
+    norm = Normalizer(stats, "utterance")
+    with single_thread():
+        items = [ds[i] for i in range(len(ds))]
+        for i, item in enumerate(items):
+            ref = plain[i]
+            assert item[0] == ref[0] and item[2] == ref[2] and item[1].shape == (3, *ref[1].shape)
+            assert torch.equal(item[1][1], ref[1])
+            assert torch.equal(item[1][0], norm(uncached(corpus / "audio" / f"u{i}.flac", warp=0.9)))
+    batch = collate([items[3], items[0]])
+    frames = [items[3][1].shape[1], items[0][1].shape[1]]
+    assert batch.feats.shape == (2, 3, max(frames), SETTINGS.n_mels) and batch.flen.tolist() == frames
+    assert torch.equal(batch.feats[1, :, :frames[1]], items[0][1]) and not batch.feats[1, :, frames[1]:].any()
+    torch.manual_seed(0)
+    model = BFA(BFAConfig(vocab_size=27, feat_dim=SETTINGS.n_mels, enc_hidden=8, enc_layers=2, pool_after=[0],
+                          dec_hidden=8, emb_dim=8, att_dim=8, ctc_weight=0.5)).eval()
+    with torch.no_grad():
+        enc, lengths = encode(model, batch.feats, batch.flen)
+        each = [model.encode(batch.feats[:, k], batch.flen) for k in range(3)]
+        one = encode(model, batch.feats[:, 1], batch.flen)
+    assert torch.allclose(enc, sum(e[0] for e in each) / 3, atol=1e-6) and torch.equal(lengths, each[0][1])
+    assert torch.equal(one[0], each[1][0])                 # no warps: model.encode itself
+    with pytest.raises(ValueError, match="feature_cache"):
+        SpeechDataset(corpus / "train.jsonl", CharTokenizer(), Normalizer(stats), warps=warps)
+    with pytest.raises(ValueError, match="augmenter"):
+        SpeechDataset(corpus / "train.jsonl", CharTokenizer(), Normalizer(stats), feature_cache="auto", warps=warps,
+                      augmenter=Augmenter(AugmentConfig(sim_prob=0.0, features=SETTINGS)))

@@ -106,6 +106,20 @@ def test_tiny_model_overfits_a_handful_of_utterances(corpus, tmp_path):
     assert json.loads(out.read_text())["dereverb"] == "wpe"
     described = [json.loads(f.read_text()) for f in (corpus / "feature_cache").glob("*/settings.json")]
     assert [d["dereverb"]["method"] for d in described if "dereverb" in d] == ["wpe"]
+    # test-time warps: every utterance encoded at each warp and the encodings averaged, one hypothesis each; the
+    # per-epoch results decoded without them are decoded again
+    subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
+                    corpus / "few.jsonl", "--json", out, "--method", "ctc", "--warps", "0.95,1,1.05"], check=True,
+                   capture_output=True)
+    res = json.loads(out.read_text())
+    assert res["warps"] == [0.95, 1.0, 1.05] and len(res["hypotheses"]) == 4
+    subprocess.run([BIN / "asr-eval", "--run-dir", run, "--manifest", corpus / "few.jsonl", "--method", "ctc",
+                    "--dereverb", "wpe", "--warps", "0.9,1.1"], check=True, capture_output=True)
+    per_epoch = [json.loads(f.read_text()) for f in (run / "eval").glob("few.ctc.epoch*.json")]
+    assert per_epoch and {tuple(r["warps"]) for r in per_epoch} == {(0.9, 1.1)}
+    bad = subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
+                          corpus / "few.jsonl", "--warps", "0.3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "warp factors must lie in [0.5, 2.0]" in bad.stderr
     # CTC prefix beam search with the LM from asr-prep lm-text + asr-lm, n-best rescored by the attention decoder
     lm_dir = tmp_path / "lm"
     subprocess.run([BIN / "asr-prep", "lm-text", "--corpus", corpus, "--out", lm_dir / "text.txt", "--extra", "200"],
