@@ -525,10 +525,31 @@ def encode(model: BFA, feats: torch.Tensor, feat_lengths: torch.Tensor):
     return enc.unflatten(0, (B, K)).mean(1), enc_lengths[::K]
 
 
+class _EncodedMemo:
+    """The encoded batches of the last dataset one fixed model decoded in this process: a dev set decoded with
+    setting after setting (asr-eval --tune-on) reads its features and runs the encoder once, not once per setting.
+    One dataset at a time, so memory stays at one set's encodings (about 40 kB per utterance)."""
+
+    def __init__(self):
+        self.model, self.key, self.batches = None, None, {}
+
+    def lookup(self, model, dataset, device) -> dict:
+        key = (str(getattr(dataset, "manifest", id(dataset))), tuple(getattr(dataset, "warps", ())),
+               getattr(dataset, "dereverb", "off"), tuple(e["id"] for e in dataset.entries), str(device))
+        if self.model is None or self.model() is not model or self.key != key:
+            import weakref
+            self.model, self.key, self.batches = weakref.ref(model), key, {}
+        return self.batches
+
+
+_MEMO = _EncodedMemo()
+
+
+@torch.no_grad()
 def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: int = 1, ctc_weight: float = 0.0,
                     lm=None, lm_weight: float = 0.0, length_bonus: float = 0.0, att_weight: float = 0.0,
                     max_ratio: float = 1.0, batch_seconds: float = 120.0, shard: tuple[int, int] = (0, 1), progress: str = "",
-                    device=None, lexicon_decoder=None, combiner=None) -> dict[str, list[dict]]:
+                    device=None, lexicon_decoder=None, combiner=None, memo: bool = False) -> dict[str, list[dict]]:
     """Decode every utterance of ``dataset`` (this worker's ``shard`` = (rank, size) of its length-sorted
     batches) with each of ``methods``; return per method the rows ``{"id", "ref", "hyp"}``.
 
@@ -544,7 +565,11 @@ def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: i
     ``combine`` the lexicon and joint n-best lists pooled and reranked by ``combiner`` (an
     :class:`asr.combine.Combiner`; each row also keeps its ``candidates`` with their features).
     An utterance whose audio could not be read gets an empty hypothesis (all its words are errors) and a
-    ``skipped`` reason."""
+    ``skipped`` reason.
+
+    ``memo``: keep this dataset's encoded batches in the process and reuse them when the same model object decodes
+    the same dataset again (with another setting). Only for a model whose weights no longer change (asr-eval's);
+    a trainer's dev pass, whose model changes between calls, leaves it off."""
     from tqdm import tqdm
     from .loader import collate, eval_batches
     unknown = [m for m in methods if m not in METHODS]
@@ -565,16 +590,22 @@ def decode_manifest(model: BFA, tok, dataset, methods=("attention",), *, beam: i
     rows = {m: [] for m in methods}
     ref_of = {e["id"]: e["text"] for e in dataset.entries}
     model.eval()
+    memory = _MEMO.lookup(model, dataset, device) if memo else {}
     for b in tqdm(batches[rank::size], desc=progress or "decode", leave=False, dynamic_ncols=True,
                   disable=not (progress and sys.stderr.isatty())):
-        batch = collate([dataset[i] for i in b])
+        if tuple(b) in memory:
+            batch, encoded = memory[tuple(b)]
+        else:
+            batch = collate([dataset[i] for i in b])
+            encoded = encode(model, batch.feats.to(device), batch.flen) if batch.ids else None
+            if memo:   # the features are not kept: every method below reads the encoding
+                memory[tuple(b)] = (batch._replace(feats=batch.feats[:, :0]), encoded)
         for utt, why in batch.skipped:
             for m in methods:
                 rows[m].append({"id": utt, "ref": ref_of[utt], "hyp": "", "skipped": why})
         if not batch.ids:
             continue
         feats, flen = batch.feats.to(device), batch.flen
-        encoded = encode(model, feats, flen)
         for m in methods:
             if m == "lexicon":
                 nbest = lexicon_decoder.nbest(*model.phone_log_probs(*encoded))

@@ -244,7 +244,7 @@ def evaluate(model, tok, norm, manifest, beam: int = 1, ctc_weight: float = 0.0,
     rows = decode_manifest(model, tok, ds, (method,), beam=beam, ctc_weight=ctc_weight, lm=lm, lm_weight=lm_weight,
                            length_bonus=length_bonus, att_weight=att_weight, max_ratio=max_ratio,
                            batch_seconds=batch_seconds, progress=desc or Path(manifest).name,
-                           lexicon_decoder=lexicon_decoder, combiner=combiner, shard=tuple(shard))[method]
+                           lexicon_decoder=lexicon_decoder, combiner=combiner, shard=tuple(shard), memo=True)[method]
     seconds = time.perf_counter() - t0
     skipped = [(r["id"], r["skipped"]) for r in rows if "skipped" in r]
     counts = utterance_errors([r["ref"] for r in rows], [r["hyp"] for r in rows])

@@ -304,3 +304,39 @@ def test_test_time_warps_stack_the_features_and_encode_averages_them(corpus):
     with pytest.raises(ValueError, match="augmenter"):
         SpeechDataset(corpus / "train.jsonl", CharTokenizer(), Normalizer(stats), feature_cache="auto", warps=warps,
                       augmenter=Augmenter(AugmentConfig(sim_prob=0.0, features=SETTINGS)))
+
+
+def test_decode_manifest_memo_reads_and_encodes_a_dataset_once(corpus):
+    """asr-eval's tuning decodes one dev set with setting after setting: with memo=True the same model object
+    reads each item and runs the encoder once (the same rows); another model object, or memo off (a trainer's dev
+    pass, whose weights change), reads them again."""
+    from asr.decode import decode_manifest
+    from asr.models.bfa import BFA, BFAConfig
+
+    class Tok(CharTokenizer):
+        def decode(self, ids):
+            return "".join(chr(96 + i) if i else " " for i in ids)
+
+    calls = []
+
+    class Counting(SpeechDataset):
+        def __getitem__(self, i):
+            calls.append(i)
+            return super().__getitem__(i)
+
+    ds = Counting(corpus / "train.jsonl", Tok(), Normalizer(corpus / "stats.json", "utterance"),
+                  feature_cache="auto", warps=(0.9, 1.1))
+
+    def model(seed):
+        torch.manual_seed(seed)
+        return BFA(BFAConfig(vocab_size=27, feat_dim=SETTINGS.n_mels, enc_hidden=8, enc_layers=1, pool_after=[0],
+                             dec_hidden=8, emb_dim=8, att_dim=8, ctc_weight=0.5)).eval()
+    m = model(0)
+    first = decode_manifest(m, Tok(), ds, ("ctc",), memo=True)["ctc"]
+    assert sorted(calls) == [0, 1, 2, 3]
+    again = decode_manifest(m, Tok(), ds, ("ctc", "attention"), memo=True)
+    assert len(calls) == 4 and again["ctc"] == first and len(again["attention"]) == 4
+    decode_manifest(m, Tok(), ds, ("ctc",))
+    assert len(calls) == 8
+    other = decode_manifest(model(1), Tok(), ds, ("ctc",), memo=True)["ctc"]
+    assert len(calls) == 12 and [r["id"] for r in other] == [r["id"] for r in first]
