@@ -145,8 +145,8 @@ class SpeechDataset(Dataset):
     @augmenter.setter
     def augmenter(self, augmenter) -> None:
         if augmenter is not None and (self.dereverb != "off" or self.warps):
-            raise ValueError("SpeechDataset: dereverb and warps are a decoding front end; they do not combine with an "
-                             "augmenter")
+            what = "dereverb" if self.dereverb != "off" else "warps"
+            raise ValueError(f"SpeechDataset: {what} is a decoding front end; it does not combine with an augmenter")
         features = getattr(getattr(augmenter, "config", None), "features", None)
         if features is not None:
             self.normalizer.settings.check(features, self.normalizer.stats_path,
