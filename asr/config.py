@@ -130,6 +130,9 @@ class TrainConfig:
     trace_utterances: bool = False      # write every step's utterance ids to OUT_DIR/trace/ (audit of an epoch)
 
 
+TEST_WARP_RANGE = (0.5, 2.0)           # decode.warps / asr-eval --warps: the VTLP warp factors accepted
+
+
 @dataclass
 class DecodeConfig:
     """Decoding: the per-epoch dev pass and asr-eval's defaults (its flags override them)."""
@@ -200,8 +203,9 @@ class DecodeConfig:
         from .frontend.dereverb import METHODS as DEREVERB
         if self.dereverb not in DEREVERB:
             raise ConfigError(f"decode.dereverb: expected one of {', '.join(DEREVERB)}, got {self.dereverb!r}")
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0.5 <= x <= 2.0 for x in self.warps):
-            raise ConfigError(f"decode.warps: expected a list of VTLP warp factors in [0.5, 2.0] (e.g. [0.9, 1.0, "
+        lo, hi = TEST_WARP_RANGE
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and lo <= x <= hi for x in self.warps):
+            raise ConfigError(f"decode.warps: expected a list of VTLP warp factors in [{lo}, {hi}] (e.g. [0.9, 1.0, "
                               f"1.1]; [] for none), got {self.warps!r}")
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in self.combine_blank_offsets):
             raise ConfigError(f"decode.combine_blank_offsets: expected a list of numbers (added to the lexicon "

@@ -37,12 +37,14 @@ def _offsets_arg(text: str) -> list[float]:
 
 
 def _warps_arg(text: str) -> list[float]:
+    from .config import TEST_WARP_RANGE
     try:
         warps = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated warp factors, e.g. 0.9,1,1.1, got {text!r}")
-    if not all(0.5 <= w <= 2.0 for w in warps):
-        raise argparse.ArgumentTypeError(f"warp factors must lie in [0.5, 2.0], got {text!r}")
+    lo, hi = TEST_WARP_RANGE
+    if not all(lo <= w <= hi for w in warps):
+        raise argparse.ArgumentTypeError(f"warp factors must lie in [{lo}, {hi}], got {text!r}")
     return warps
 
 
