@@ -161,7 +161,11 @@ class TrainingCheckpoint:
     the checkpoint's folder, so a run folder moved together with its corpus still finds them; ``tokenizer_digest``
     names the sentencepiece model the model was trained with (an LM or a tokenizer of another model is
     recognised); ``features`` are the feature settings of the statistics file; ``optimizer`` holds the wrapped
-    optimizer's state and every worker's codec state."""
+    optimizer's state and every worker's codec state.
+
+    ``model`` holds the weights to decode with. With ``train.ema_decay`` that is the EMA of the trained weights
+    (:mod:`asr.ema`, ``ema_updates`` steps averaged), and ``train_model`` holds the optimizer's own weights, which
+    ``--resume`` continues from; without it ``train_model`` is None and ``model`` is both."""
     model: dict
     model_config: dict
     config: dict
@@ -173,6 +177,8 @@ class TrainingCheckpoint:
     tokenizer_digest: str = ""
     features: dict = dataclasses.field(default_factory=dict)
     dev_wer_greedy: float | None = None
+    train_model: dict | None = None
+    ema_updates: int = 0
     format: int = TRAINING_FORMAT
 
     # config entries that name a file asr-eval opens (section, key): kept relative like tokenizer and stats
@@ -216,7 +222,8 @@ def average_checkpoints(paths) -> TrainingCheckpoint:
     """The element-wise mean of the model parameters of several training checkpoints of one run (as ESPnet's
     ``average_checkpoints``): floating tensors are averaged in float64 and cast back, integer buffers come
     from the last checkpoint, and so does everything else (config, position). The optimizer state is left
-    out: an average is for decoding, not for resuming."""
+    out, and so are the trained weights beside an EMA: an average is for decoding, not for resuming. (With
+    ``train.ema_decay`` the averaged weights are the epochs' EMAs, the weights each epoch decodes with.)"""
     paths = [Path(p) for p in paths]
     if not paths:
         raise ValueError("average_checkpoints: no checkpoint given")
@@ -232,4 +239,4 @@ def average_checkpoints(paths) -> TrainingCheckpoint:
             model[k] = (sum(ck.model[k].double() for ck in cks) / len(cks)).to(v.dtype)
         else:
             model[k] = v.clone()
-    return dataclasses.replace(last, model=model, optimizer=None)
+    return dataclasses.replace(last, model=model, optimizer=None, train_model=None)

@@ -97,8 +97,13 @@ class TrainConfig:
     out_dir: str = "exp/run"
     elastic: bool = False               # hvd.elastic.run (also on when horovodrun sets HOROVOD_ELASTIC=1)
     commit_every: int = 20              # elastic: commit the state every this many steps (and at epoch end)
+    ema_decay: float = 0.0              # > 0: decode with an exponential moving average of the weights (asr.ema), its
+                                        # decay per step warmed up as min(decay, (1 + n) / (10 + n)); 0: the weights
 
     def __post_init__(self):
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"train.ema_decay: expected a decay per step in [0, 1) (0: off; e.g. 0.99), "
+                              f"got {self.ema_decay}")
         if self.gossip:
             self._check_gossip()
         if not self.slowmo:

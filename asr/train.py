@@ -15,6 +15,7 @@ of its local rank; elsewhere the same command runs on the CPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -25,6 +26,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from .ema import ema_state, load_ema_state, make_ema
 
 
 def parse_args(argv=None):
@@ -188,6 +191,8 @@ class Trainer:
                                       len(self.lexicon) if self.lexicon else 0)
         torch.manual_seed(cfg.train.seed)
         self.model = BFA(self.model_cfg).to(self.device)
+        # The weights decoded (dev pass, checkpoints' ``model``): an EMA of the trained ones, or those themselves
+        self.ema = make_ema(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         base = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr * size, weight_decay=cfg.train.weight_decay)
         if cfg.train.slowmo or cfg.train.gossip:
             self.opt = self._averaging_optimizer(base)
@@ -267,7 +272,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ resume
     def _load(self, ckpt) -> tuple[int, int]:
-        self.model.load_state_dict(ckpt.model)
+        self.model.load_state_dict(ckpt.model if ckpt.train_model is None else ckpt.train_model)
+        if self.ema is not None:
+            if ckpt.train_model is not None:     # the EMA goes on where it stopped
+                load_ema_state(self.ema, ckpt.model, ckpt.ema_updates)
+            else:                                # a run without one: the EMA starts from the weights it resumes
+                load_ema_state(self.ema, ckpt.model, 0)
         self.opt.load_state_dict(ckpt.optimizer)
         start_epoch, step = ckpt.epoch + 1, ckpt.step
         self.log({"event": "resume", "from": str(self.last), "epoch": start_epoch, "step": step,
@@ -480,6 +490,10 @@ class Trainer:
                 scaler.update()
             else:
                 opt.step()
+        if self.ema is not None:
+            # the true weights, not the predicted ones (train.predict_weights; SlowMo and gossip predict none)
+            with getattr(opt, "true_parameters", contextlib.nullcontext)():
+                self.ema.update_parameters(self.model)
         return stats, gnorm
 
     def _fold(self, state, local: dict) -> None:
@@ -506,7 +520,8 @@ class Trainer:
             methods = ("attention",)
         else:
             methods = ("ctc", "attention") if self.cfg.train.dev_attention else ("ctc",)
-        rows = decode_manifest(self.model, self.tok, self.dev_set, methods, batch_seconds=self.cfg.decode.batch_seconds,
+        model = self.model if self.ema is None else self.ema.module
+        rows = decode_manifest(model, self.tok, self.dev_set, methods, batch_seconds=self.cfg.decode.batch_seconds,
                                shard=(self.rank, hvd.size()), device=self.device)
         out = {}
         for m in methods:
@@ -544,7 +559,11 @@ class Trainer:
         opt_state = opt.gather_state_dict(root_rank=0)     # collective: every worker's codec state
         if self.rank == 0:
             cfg = self.cfg
-            ckpt = TrainingCheckpoint(model=self.model.state_dict(), optimizer=opt_state, epoch=epoch, step=state.step,
+            weights, train_weights, ema_updates = self.model.state_dict(), None, 0
+            if self.ema is not None:
+                (weights, ema_updates), train_weights = ema_state(self.ema), weights
+            ckpt = TrainingCheckpoint(model=weights, train_model=train_weights, ema_updates=ema_updates,
+                                      optimizer=opt_state, epoch=epoch, step=state.step,
                                       model_config=dataclasses.asdict(self.model_cfg), config=cfg.to_dict(),
                                       tokenizer=cfg.data.tokenizer, stats=cfg.data.stats,
                                       tokenizer_digest=self.tokenizer_digest, features=self.features.to_dict(),
@@ -621,7 +640,8 @@ def main(argv=None) -> int:
                   train_s=0.0, trained_s=start["trained_s"], epochs_done=start["epoch"],
                   fatal=start["fatal"])
     if elastic:
-        state = hvd.elastic.TorchState(model=trainer.model, optimizer=trainer.opt, **values)
+        extra = {} if trainer.ema is None else {"ema": trainer.ema}    # synced, committed and rolled back alike
+        state = hvd.elastic.TorchState(model=trainer.model, optimizer=trainer.opt, **extra, **values)
 
         def on_reset():
             trainer.log({"event": "reset", "workers": hvd.size(), "epoch": state.epoch, "step": state.step,

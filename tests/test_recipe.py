@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -170,7 +171,8 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     (local Adam steps, an average every 2) and Gossip (SGP): the epoch's end flushes into an exact
     average, which the checkpoint holds. Issue 15: the same pipelined with weight prediction (the
     checkpoint holds the true weights, not the predicted ones), with dropout and a persistent loader
-    worker, whose start used to draw from the RNG that dropout uses, so resumed dropout masks differed."""
+    worker, whose start used to draw from the RNG that dropout uses, so resumed dropout masks differed;
+    and with the EMA of the weights (train.ema_decay), which goes on from the checkpoint to the same bits."""
     rows = [json.loads(x) for x in (corpus / "train.jsonl").read_text().splitlines()]
     (corpus / "corrupt.flac").write_bytes(b"fLaC" + bytes(200))
     rows[3] = dict(rows[3], audio_filepath="corrupt.flac")
@@ -181,7 +183,7 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
                  train__pipeline=str("+pipe" in codec).lower(), train__predict_weights=str(codec.endswith("+pred")).lower(),
                  **({f"train__{averaging}": codec} if averaging else {}))
     if codec.endswith("+pred"):     # as the recipe trains: dropout, and a persistent loader worker
-        extra.update(model__dropout=0.1, train__loader_workers=1)
+        extra.update(model__dropout=0.1, train__loader_workers=1, train__ema_decay=0.9)
     env = {"HOROVOD_FUSION_THRESHOLD": "0"}
     proc = train(overrides(corpus, full, train="train_bad.jsonl", train__epochs=2, **extra), np_=2, env=env)
     assert "corrupt.flac" in proc.stdout + proc.stderr        # the skip names the file
@@ -201,6 +203,13 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     steps = lambda run: [(r["step"], r["loss"]) for r in log_records(run) if r["event"] == "step"]
     after = [s for s in steps(full) if s[0] > resume["step"]]
     assert after and steps(part) == after
+    if codec.endswith("+pred"):     # the decoded weights (the EMA) and the trained ones, bit for bit
+        from asr.checkpoint import TrainingCheckpoint
+        a, b = (TrainingCheckpoint.load(r / "checkpoints" / "last.pt") for r in (full, part))
+        assert a.train_model is not None and a.ema_updates == b.ema_updates == a.step
+        for k in a.model:
+            assert torch.equal(a.model[k], b.model[k]) and torch.equal(a.train_model[k], b.train_model[k]), k
+        assert any(not torch.equal(a.model[k], a.train_model[k]) for k in a.model)
     # The same checkpoint resumes at another worker count: codec state resharded by the stated rule.
     one = tmp_path / "one"
     (one / "checkpoints").mkdir(parents=True)

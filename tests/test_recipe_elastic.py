@@ -4,7 +4,7 @@
 --host-discovery-script recipes/bfa/discover_hosts.sh`` (HOROVOD_ELASTIC=1 switches the elastic mode on; one local host name per
 worker, see tests/elastic_harness.py), one utterance per batch so an epoch has 7 steps on 3
 workers; Global-QSGD 8-bit, pipelined with weight prediction, so its commits run inside
-``true_parameters()``. The test SIGKILLs the worker of rank 0 (or of another rank) once the utterance trace shows it
+``true_parameters()``, and an EMA of the weights (``train.ema_decay``), part of the elastic state. The test SIGKILLs the worker of rank 0 (or of another rank) once the utterance trace shows it
 in the middle of epoch 0; training goes on with 2 workers and ends. Checked: the log's reset record, epoch records
 with every training utterance counted once in committed steps, the utterance trace (none missing,
 at most commit_every x 3 batches trained twice), checkpoints and DONE.
@@ -45,7 +45,7 @@ def _run_and_kill(corpus, folder: Path, victim: str):
     write_hosts(hosts_file, LOCAL_HOSTS[:3])
     args = overrides(corpus, run, train="train.jsonl", train__epochs=2, train__batch_seconds=20, train__max_batch=1,
                      train__commit_every=COMMIT, train__trace_utterances="true", train__compression="global_qsgd8",
-                     train__pipeline="true", train__predict_weights="true", data__dev_subset=2)
+                     train__pipeline="true", train__predict_weights="true", train__ema_decay=0.9, data__dev_subset=2)
     job = ElasticJob([sys.executable, "-m", "asr.train", "--config", CONF, *args], np=3, min_np=2, max_np=3,
                      script=ROOT / "recipes" / "bfa" / "discover_hosts.sh", log=folder / "horovodrun.log",
                      env={"BFA_HOSTS_FILE": str(hosts_file), "HOROVOD_GLOO_TIMEOUT_SECONDS": "10"})
@@ -85,6 +85,10 @@ def test_recipe_elastic_survives_a_lost_worker(corpus, tmp_path, victim):  # noq
     assert [e["epoch"] for e in epochs] == [0, 1] and all(e["workers"] == 2 for e in epochs), epochs
     assert [e["utterances"] for e in epochs] == [utts, utts]       # committed steps: each utterance once
     assert (run / "checkpoints" / "epoch001.pt").exists() and json.loads((run / "DONE").read_text())["epochs"] == 2
+    # The EMA of the weights is part of the elastic state: rolled back with the steps, synced to the new rank 0
+    from asr.checkpoint import TrainingCheckpoint
+    ck = TrainingCheckpoint.load(run / "checkpoints" / "last.pt")
+    assert ck.train_model is not None and ck.ema_updates == ck.step, (ck.ema_updates, ck.step)
 
     # The trace: every utterance of every epoch trained; repeats only from the rolled-back steps.
     ids = {json.loads(x)["id"] for x in (corpus / "train.jsonl").read_text().splitlines()}
