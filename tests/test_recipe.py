@@ -370,7 +370,14 @@ def test_phone_head_trains_on_two_workers_and_the_lexicon_decoder_reads_it(corpu
     assert len(res["hypotheses"]) == len((corpus / "test.jsonl").read_text().splitlines())
     assert all(w in words for h in res["hypotheses"] for w in h["hyp"].split())
     assert set(res["tuned_on"]["chosen"]) == {"lm_weight", "word_score", "blank_penalty", "att_weight"}
-    assert {r["blank_penalty"] for r in res["tuned_on"]["grid"]} == {0.0, 0.5, 1.0, 1.5, 2.0}
+    grid, chosen = res["tuned_on"]["grid"], res["tuned_on"]["chosen"]
+    assert {r["blank_penalty"] for r in grid} == {0.0, 0.5, 1.0, 1.5, 2.0}
+    # the second pass: every blank penalty at the chosen word score (the two interact), no setting decoded twice
+    keys = ("lm_weight", "word_score", "blank_penalty", "att_weight")
+    same = [r for r in grid if all(r[k] == chosen[k] for k in keys if k != "blank_penalty")]
+    assert {r["blank_penalty"] for r in same} == {0.0, 0.5, 1.0, 1.5, 2.0}
+    assert len({tuple(r[k] for k in keys) for r in grid}) == len(grid)
+    assert min(r["wer"] for r in grid) == next(r["wer"] for r in grid if all(r[k] == chosen[k] for k in keys))
     # --method combine: the lexicon decoder's and the joint search's n-best pooled, the weights tuned on dev
     out = tmp_path / "combine.json"
     proc = subprocess.run([BIN / "asr-eval", "--checkpoint", run / "checkpoints" / "last.pt", "--manifest",
