@@ -573,7 +573,8 @@ def _tune_lexicon(args, dec, base: dict) -> dict:
     """--method lexicon, one setting at a time by WER on ``args.tune_on``: the n-gram's weight x the word score
     (decode.tune_ngram_weights x decode.tune_word_scores, blank penalty 0), then at the best of them the blank penalty
     (decode.tune_blank_penalties), then the n-best rescoring weight (decode.tune_rescore_weights; 0 = not rescored),
-    then the word score and the blank penalty once more. A flag given explicitly stays fixed; the lowest WER wins (ties: the earlier, simpler setting)."""
+    then the word score and the blank penalty once more. A flag given explicitly stays fixed; the lowest WER wins
+    (ties: the earlier, simpler setting)."""
     lws = [args.lm_weight] if args.lm_weight is not None else list(dec.tune_ngram_weights)
     wss = [args.word_score] if args.word_score is not None else list(dec.tune_word_scores)
     bps = [args.blank_penalty] if args.blank_penalty is not None else list(dec.tune_blank_penalties)
@@ -595,8 +596,7 @@ def _tune_lexicon(args, dec, base: dict) -> dict:
     for key, grid in (("word_score", wss), ("blank_penalty", bps)):
         best = _lexicon_setting(min(rows, key=lambda r: r["wer"]))
         tried = [_lexicon_setting(r) for r in rows]
-        new = [s for s in ({**best, key: v} for v in grid) if s not in tried]
-        rows += run(new) if new else []
+        rows += run([s for s in ({**best, key: v} for v in grid) if s not in tried])
     chosen = min(rows, key=lambda r: r["wer"])
     pick = _lexicon_setting(chosen)
     print(f"[asr-eval] tuned on {Path(args.tune_on).name} ({chosen['utterances']} utterances, {len(rows)} settings): "

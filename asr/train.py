@@ -273,8 +273,8 @@ class Trainer:
     # ------------------------------------------------------------------ resume
     def _load(self, ckpt) -> tuple[int, int]:
         self.model.load_state_dict(ckpt.model if ckpt.train_model is None else ckpt.train_model)
-        if self.ema is not None:   # goes on where it stopped (after a run without one: from the resumed weights)
-            load_ema_state(self.ema, ckpt.model, ckpt.ema_updates if ckpt.train_model is not None else 0)
+        if self.ema is not None:   # goes on where it stopped (after a run without one, ema_updates 0: from the weights)
+            load_ema_state(self.ema, ckpt.model, ckpt.ema_updates)
         self.opt.load_state_dict(ckpt.optimizer)
         start_epoch, step = ckpt.epoch + 1, ckpt.step
         self.log({"event": "resume", "from": str(self.last), "epoch": start_epoch, "step": step,
