@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -476,10 +477,35 @@ def _pool_init() -> None:
     torch.set_num_threads(1)
 
 
+_SHARED_POOL: tuple | None = None      # (n, pool) while shared_pool(n) is open
+
+
+@contextmanager
+def shared_pool(n: int):
+    """Every ``_map(..., n)`` inside runs in one pool of ``n`` spawned single-thread processes, not a new pool per
+    call, so the models they loaded and the encodings they memoized (asr.decode) serve every call: tuning decodes
+    the same dev utterances at one setting after another."""
+    global _SHARED_POOL
+    if n <= 1:
+        yield
+        return
+    import multiprocessing as mp
+    pool = mp.get_context("spawn").Pool(n, initializer=_pool_init)
+    _SHARED_POOL = (n, pool)
+    try:
+        yield
+    finally:
+        _SHARED_POOL = None
+        _finish(pool)
+
+
 def _map(fn, jobs: list, n: int) -> list:
-    """``[fn(j) for j in jobs]``, in ``n`` single-thread spawned processes when n > 1 (same results, same order)."""
+    """``[fn(j) for j in jobs]``, in ``n`` single-thread spawned processes when n > 1 (same results, same order);
+    in the pool of an open :func:`shared_pool` of the same size if there is one."""
     if n <= 1 or len(jobs) <= 1:
         return [fn(j) for j in jobs]
+    if _SHARED_POOL is not None and _SHARED_POOL[0] == n:
+        return _SHARED_POOL[1].map(fn, jobs, chunksize=1)
     import multiprocessing as mp
     with mp.get_context("spawn").Pool(min(n, len(jobs)), initializer=_pool_init) as pool:
         out = pool.map(fn, jobs, chunksize=1)
@@ -853,7 +879,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"asr-eval: --tune-on {args.tune_on} is also a --manifest: tune on a dev set, not on "
                              f"the set you report")
         warm_dereverb_cache([args.tune_on], norm.settings, opts["dereverb"], args.tune_limit, args.jobs)
-        tuned = tune(args, ckpt, {k: v for k, v in opts.items() if k != "lm"})
+        with shared_pool(args.jobs):
+            tuned = tune(args, ckpt, {k: v for k, v in opts.items() if k != "lm"})
         opts.update(tuned["chosen"])
         if opts["lm_weight"] <= 0 and method != "combine":     # combine's candidates are still scored by the LM
             opts["lm"] = None

@@ -287,6 +287,27 @@ def test_tune_on_dev_decodes_the_test_set_with_the_lowest_dev_wer_setting(corpus
     assert [h["hyp"] for h in again["hypotheses"]] == [h["hyp"] for h in res["hypotheses"]]
 
 
+def test_shared_pool_serves_every_map_inside_it_and_closes_after(monkeypatch):
+    """asr-eval --tune-on decodes dev at setting after setting: inside shared_pool(n) every _map(..., n) runs in one
+    pool (its processes keep the loaded model and the memoized encodings), with the results of a pool per call."""
+    import multiprocessing as mp
+    from asr import evaluate
+    ctx, made = mp.get_context("spawn"), []
+    real = ctx.Pool
+
+    def counting(*a, **k):
+        made.append(real(*a, **k))
+        return made[-1]
+
+    monkeypatch.setattr(ctx, "Pool", counting)
+    with evaluate.shared_pool(2):
+        assert evaluate._map(abs, [-1, -2, -3], 2) == [1, 2, 3]
+        assert evaluate._map(abs, [-4, 5], 2) == [4, 5]
+        assert evaluate._map(abs, [-6], 2) == [6]          # one job: in this process, as without the pool
+    assert len(made) == 1 and evaluate._SHARED_POOL is None
+    assert evaluate._map(abs, [-1, -2], 2) == [1, 2] and len(made) == 2    # outside it: a pool per call
+
+
 def test_asr_eval_with_two_processes_ends_without_leaked_semaphores(corpus):
     """The CLI, as run.sh calls it: --jobs 2 spreads the manifests over two spawned processes, whose pool is
     closed and joined (terminated workers left semaphores that Python's resource tracker warned about at exit)."""
