@@ -161,8 +161,7 @@ class DecodeConfig:
     joint_length_bonus: float = 3.0     # score per piece (with --lm; 0 without)
     max_ratio: float = 1.0              # joint: at most this many pieces per encoder frame
     # asr-eval --tune-on DEV (joint): CTC weight first, without the LM, then LM weight x length bonus at the best
-    # CTC weight, then one setting at a time from the best, a grid growing past an edge its best sits on
-    # (asr.evaluate.refine); the lowest dev WER wins (the LM only if it helps). On 200 dev utterances the 60-minute benchmark's
+    # CTC weight; the lowest dev WER wins (the LM only if it helps). On 200 dev utterances the 60-minute benchmark's
     # model wanted CTC weight 0.2, LM 0.1, bonus 1 (41.1% against 47.2% at the defaults above; 0.1 and 0.15 were
     # worse), the demo's model CTC weight 0.7 and no LM (90.8% against 95.9%): the best settings move with the
     # model, so run.sh tunes them per run (RESULTS.md, 2026-12-02).

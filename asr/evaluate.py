@@ -532,10 +532,9 @@ def _tune_rows(args, lm_path, base: dict, settings: list[dict]) -> list[dict]:
 def tune(args, ckpt, base: dict) -> dict:
     """Choose the joint search's CTC weight, LM weight and length bonus by WER on ``args.tune_on`` (first
     ``args.tune_limit`` utterances): the CTC weight without the LM first (decode.tune_ctc_weights), then, with
-    --lm, LM weight x length bonus at that CTC weight, then one setting at a time from the best (:func:`refine`);
-    the lowest WER wins (ties: the earlier, simpler setting), so the LM is used only where it helps on dev. Flags
-    given explicitly stay fixed. Returns the record kept in the result: the chosen setting and every row of the
-    grid."""
+    --lm, LM weight x length bonus at that CTC weight; the lowest WER wins (ties: the earlier, simpler setting),
+    so the LM is used only where it helps on dev. Flags given explicitly stay fixed. Returns the record kept in
+    the result: the chosen setting and every row of the grid."""
     dec = _decode_config(ckpt)
     if base["method"] == "lexicon":
         return _tune_lexicon(args, dec, base)
@@ -553,12 +552,6 @@ def tune(args, ckpt, base: dict) -> dict:
     if lm_path and any(w > 0 for w in lws):
         best_c = min(rows, key=lambda r: r["wer"])["ctc_weight"]
         rows += run([{"ctc_weight": best_c, "lm_weight": w, "length_bonus": b} for w in lws if w > 0 for b in lbs])
-    # with the LM the best CTC weight can move, and the best LM weight or length bonus can sit on the grid's edge
-    grids = {"ctc_weight": cws}
-    if min(rows, key=lambda r: r["wer"])["lm_weight"] > 0:
-        grids.update({"lm_weight": [w for w in lws if w > 0], "length_bonus": lbs})
-    rows = refine(rows, run, {k: (g, JOINT_BOUNDS[k]) for k, g in grids.items() if getattr(args, k) is None},
-                  _joint_setting)
     chosen = min(rows, key=lambda r: r["wer"])        # min() keeps the first of equals: the order above
     pick = {k: chosen[k] for k in ("ctc_weight", "lm_weight", "length_bonus")}
     lm_note = (f", LM weight {pick['lm_weight']:g}, length bonus {pick['length_bonus']:g}" if pick["lm_weight"] > 0
@@ -606,8 +599,8 @@ def _tune_lexicon(args, dec, base: dict) -> dict:
     """--method lexicon, one setting at a time by WER on ``args.tune_on``: the n-gram's weight x the word score
     (decode.tune_ngram_weights x decode.tune_word_scores, blank penalty 0), then at the best of them the blank penalty
     (decode.tune_blank_penalties), then the n-best rescoring weight (decode.tune_rescore_weights; 0 = not rescored),
-    then one setting at a time from the best (:func:`refine`). A flag given explicitly stays fixed; the lowest WER
-    wins (ties: the earlier, simpler setting)."""
+    then the word score and the blank penalty once more. A flag given explicitly stays fixed; the lowest WER wins
+    (ties: the earlier, simpler setting)."""
     lws = [args.lm_weight] if args.lm_weight is not None else list(dec.tune_ngram_weights)
     wss = [args.word_score] if args.word_score is not None else list(dec.tune_word_scores)
     bps = [args.blank_penalty] if args.blank_penalty is not None else list(dec.tune_blank_penalties)
@@ -625,11 +618,11 @@ def _tune_lexicon(args, dec, base: dict) -> dict:
         best = min(rows, key=lambda r: r["wer"])
         rows += run([{**_lexicon_setting(best), key: v} for v in grid if v != first])
     # The word score and the blank penalty both trade deletions against insertions, so the word score that was best
-    # without a penalty need not be best with one: one setting at a time again from the best, past the grid's edges
-    grids = {"word_score": wss, "blank_penalty": bps, "lm_weight": lws if base.get("ngram") else [0.0],
-             "att_weight": aws}
-    rows = refine(rows, run, {k: (g, LEXICON_BOUNDS[k]) for k, g in grids.items() if getattr(args, k) is None},
-                  _lexicon_setting)
+    # without a penalty need not be best with one: a second pass over both (settings already decoded are skipped).
+    for key, grid in (("word_score", wss), ("blank_penalty", bps)):
+        best = _lexicon_setting(min(rows, key=lambda r: r["wer"]))
+        tried = [_lexicon_setting(r) for r in rows]
+        rows += run([s for s in ({**best, key: v} for v in grid) if s not in tried])
     chosen = min(rows, key=lambda r: r["wer"])
     pick = _lexicon_setting(chosen)
     print(f"[asr-eval] tuned on {Path(args.tune_on).name} ({chosen['utterances']} utterances, {len(rows)} settings): "
@@ -642,57 +635,6 @@ def _tune_lexicon(args, dec, base: dict) -> dict:
 def _lexicon_setting(row: dict) -> dict:
     """The lexicon decoder's tuned keys of a grid row."""
     return {k: row[k] for k in ("lm_weight", "word_score", "blank_penalty", "att_weight")}
-
-
-def _joint_setting(row: dict) -> dict:
-    """The joint search's tuned keys of a grid row."""
-    return {k: row[k] for k in ("ctc_weight", "lm_weight", "length_bonus")}
-
-
-# The ranges refine() may extend a grid within: (low, high), None where a setting is unbounded
-JOINT_BOUNDS = {"ctc_weight": (0.0, 1.0), "lm_weight": (0.0, None), "length_bonus": (None, None)}
-LEXICON_BOUNDS = {"word_score": (None, None), "blank_penalty": (0.0, None), "lm_weight": (0.0, None),
-                  "att_weight": (0.0, None)}
-
-
-def refine(rows: list[dict], run, grids: dict, setting, rounds: int = 4, steps: int = 3) -> list[dict]:
-    """Coordinate search from the best row of ``rows``: each key in turn over its grid, the other keys at the best
-    setting so far. While the best value sits on the grid's edge, the grid grows by one step (its outermost
-    spacing) past that edge, at most ``steps`` times per key and round and never past the key's bounds, so a grid
-    too narrow for a model does not pin the choice to its edge. It stops after a round that finds nothing better,
-    or after ``rounds``; so, unless ``rounds`` ran out, every value of every key's (grown) grid has been tried at
-    the chosen setting's other values.
-
-    ``grids``: key -> (values, (low, high)), None for no bound; ``run``: settings -> rows with their "wer";
-    ``setting``: row -> its tuned keys (a setting already decoded is not decoded again). Returns ``rows`` with the
-    new rows appended."""
-    values = {k: sorted({float(v) for v in g}) for k, (g, _) in grids.items()}
-    for _ in range(rounds):
-        before = min(r["wer"] for r in rows)
-        for key, (_, bounds) in grids.items():
-            for _ in range(1 + steps):           # the grid, then a step past an edge while the best is there
-                best = setting(min(rows, key=lambda r: r["wer"]))
-                _grow(values[key], best[key], *bounds)
-                tried = [setting(r) for r in rows]
-                new = [s for s in ({**best, key: v} for v in values[key]) if s not in tried]
-                if not new:
-                    break
-                rows = rows + run(new)
-        if min(r["wer"] for r in rows) >= before:
-            break
-    return rows
-
-
-def _grow(values: list[float], best: float, low, high) -> None:
-    """One step past the edge of the sorted ``values`` that ``best`` sits on, clipped to [low, high]."""
-    if len(values) < 2:
-        return
-    if best == values[-1] and (high is None or best < high):
-        step = round(2 * values[-1] - values[-2], 6)
-        values.append(step if high is None else min(high, step))
-    elif best == values[0] and (low is None or best > low):
-        step = round(2 * values[0] - values[1], 6)
-        values.insert(0, step if low is None else max(low, step))
 
 
 def _epoch_of(ck: Path) -> int:

@@ -257,10 +257,9 @@ def _random_lm(corpus):
 
 
 def test_tune_on_dev_decodes_the_test_set_with_the_lowest_dev_wer_setting(corpus):
-    """--tune-on: the CTC weights without the LM, then LM weight x length bonus at the best CTC weight, then one
-    setting at a time from the best; the setting with the lowest dev WER (the first of equals) decodes the test
-    set, exactly as if given by flags. Spread over two processes (--jobs 2) the grid is the one a single process
-    computes."""
+    """--tune-on: the CTC weights without the LM, then LM weight x length bonus at the best CTC weight; the setting
+    with the lowest dev WER (the first of equals) decodes the test set, exactly as if given by flags. Spread over
+    two processes (--jobs 2) the grid is the one a single process computes."""
     import shutil
     from asr.config import DecodeConfig
     lm = _random_lm(corpus)
@@ -275,14 +274,9 @@ def test_tune_on_dev_decodes_the_test_set_with_the_lowest_dev_wer_setting(corpus
     n = len(dec.tune_ctc_weights)
     assert [r["ctc_weight"] for r in grid[:n]] == dec.tune_ctc_weights and all(r["lm_weight"] == 0 for r in grid[:n])
     best_c = min(grid[:n], key=lambda r: r["wer"])["ctc_weight"]
-    first = [(best_c, w, b) for w in dec.tune_lm_weights for b in dec.tune_length_bonuses]
-    assert [(r["ctc_weight"], r["lm_weight"], r["length_bonus"]) for r in grid[n:n + len(first)]] == first
+    assert [(r["ctc_weight"], r["lm_weight"], r["length_bonus"]) for r in grid[n:]] == \
+        [(best_c, w, b) for w in dec.tune_lm_weights for b in dec.tune_length_bonuses]
     chosen = min(grid, key=lambda r: r["wer"])
-    keys = ("ctc_weight", "lm_weight", "length_bonus")
-    assert len({tuple(r[k] for k in keys) for r in grid}) == len(grid)          # no setting decoded twice
-    # then every CTC weight at the chosen LM weight and length bonus (with the LM the best CTC weight can move)
-    assert {r["ctc_weight"] for r in grid if (r["lm_weight"], r["length_bonus"]) == (chosen["lm_weight"],
-            chosen["length_bonus"])} >= set(dec.tune_ctc_weights)
     assert res["tuned_on"]["chosen"] == {k: chosen[k] for k in ("ctc_weight", "lm_weight", "length_bonus")}
     assert (res["ctc_weight"], res["lm_weight"], res["length_bonus"]) == (chosen["ctc_weight"], chosen["lm_weight"],
                                                                           chosen["length_bonus"])
@@ -291,35 +285,6 @@ def test_tune_on_dev_decodes_the_test_set_with_the_lowest_dev_wer_setting(corpus
              chosen["length_bonus"]] + (["--lm", lm] if chosen["lm_weight"] > 0 else [])
     again = asr_eval(corpus, "--checkpoint", corpus / "ctc.pt", "--method", "joint", "--beam", "2", *flags)
     assert [h["hyp"] for h in again["hypotheses"]] == [h["hyp"] for h in res["hypotheses"]]
-
-
-def test_refine_searches_one_setting_at_a_time_past_the_grids_edges_within_bounds():
-    """asr.evaluate.refine: from the best row, each key over its grid at the others' best; a best value on an
-    edge grows the grid by its outermost step (the optimum at x = 3.2, y = -0.7 lies outside the grids
-    x in {0, 1, 2}, y in {0, 0.5, 1}), never past a bound, and no setting is decoded twice."""
-    from asr.evaluate import refine
-    calls = []
-
-    def run(settings):
-        calls.extend(settings)
-        return [{**s, "wer": (s["x"] - 3.2) ** 2 + (s["y"] + 0.7) ** 2} for s in settings]
-
-    def setting(row):
-        return {"x": row["x"], "y": row["y"]}
-
-    rows = refine(run([{"x": 0.0, "y": 0.0}]), run, {"x": ([0, 1, 2], (0, None)), "y": ([0, 0.5, 1], (None, None))},
-                  setting)
-    best = min(rows, key=lambda r: r["wer"])
-    assert (best["x"], best["y"]) == (3.0, -0.5)
-    assert len({(s["x"], s["y"]) for s in calls}) == len(calls) == len(rows)
-    assert {r["x"] for r in rows if r["y"] == -0.5} >= {0, 1, 2, 3, 4}    # the last round: the whole grid, grown
-    capped = refine(run([{"x": 0.0, "y": 0.0}]), run, {"x": ([0, 1, 2], (0, 2.5)), "y": ([0, 0.5, 1], (0, None))},
-                    setting)
-    assert max(r["x"] for r in capped) == 2.5 and min(r["y"] for r in capped) == 0.0
-    best = min(capped, key=lambda r: r["wer"])
-    assert (best["x"], best["y"]) == (2.5, 0.0)
-    once = refine(run([{"x": 0.0, "y": 0.0}]), run, {"x": ([0, 1, 2], (0, None))}, setting, rounds=1)
-    assert sorted(r["x"] for r in once) == [0, 1, 2, 3, 4]    # one round: steps past the edge while the best is there
 
 
 def test_shared_pool_serves_every_map_inside_it_and_closes_after(monkeypatch):
