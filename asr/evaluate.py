@@ -850,6 +850,17 @@ def _describe_decoder(r: dict) -> str:
                   + (f", CTC rescoring weight {r['ctc_weight']}" if r["ctc_weight"] else ""))
 
 
+def _tune_on_dev(args, ckpt, method: str, norm, opts: dict) -> dict:
+    """--tune-on: the settings chosen on the dev set (:func:`tune`) put into ``opts`` (without the LM where its weight
+    came out 0, except for combine, whose candidates the LM still scores); returns the record kept in the results."""
+    warm_dereverb_cache([args.tune_on], norm.settings, opts["dereverb"], args.tune_limit, args.jobs)
+    tuned = tune(args, ckpt, {k: v for k, v in opts.items() if k != "lm"})
+    opts.update(tuned["chosen"])
+    if opts["lm_weight"] <= 0 and method != "combine":     # combine's candidates are still scored by the LM
+        opts["lm"] = None
+    return tuned
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -869,7 +880,6 @@ def main(argv=None) -> int:
     if args.lm and method not in ("ctc_beam", "joint", "combine"):
         raise SystemExit(f"asr-eval: --lm is used by --method ctc_beam, joint or combine only (the default here: {method})")
     opts = _decode_opts(args, ckpt, _load_lm(args, args.checkpoint, ckpt), method)
-    tuned = None
     if args.tune_on:
         if method not in ("joint", "lexicon", "combine"):
             raise SystemExit(f"asr-eval: --tune-on tunes --method joint, lexicon or combine (here: {method})")
@@ -878,21 +888,17 @@ def main(argv=None) -> int:
         if Path(args.tune_on).resolve() in {Path(m).resolve() for m in args.manifest}:
             raise SystemExit(f"asr-eval: --tune-on {args.tune_on} is also a --manifest: tune on a dev set, not on "
                              f"the set you report")
-        warm_dereverb_cache([args.tune_on], norm.settings, opts["dereverb"], args.tune_limit, args.jobs)
-        with shared_pool(args.jobs):
-            tuned = tune(args, ckpt, {k: v for k, v in opts.items() if k != "lm"})
-        opts.update(tuned["chosen"])
-        if opts["lm_weight"] <= 0 and method != "combine":     # combine's candidates are still scored by the LM
-            opts["lm"] = None
-    warm_dereverb_cache(args.manifest, norm.settings, opts["dereverb"], args.limit, args.jobs)
-    use_lm = opts.get("lm") is not None and (opts.get("lm_weight", 0) > 0 or method == "combine")
-    lm_path = args.lm if use_lm else None
-    jobs = [(args.checkpoint, lm_path, m, args.limit, {k: v for k, v in opts.items() if k != "lm"})
-            for m in args.manifest]
-    if len(jobs) > 1 and args.jobs > 1:
-        results = _map(_decode_job, jobs, args.jobs)
-    else:       # one process: the model loaded above, the LM as _decode_opts gave it
-        results = [evaluate(model, tok, norm, m, limit=args.limit, **opts) for m in args.manifest]
+    with shared_pool(args.jobs if args.tune_on else 1):    # the tuning's processes decode the test sets too
+        tuned = _tune_on_dev(args, ckpt, method, norm, opts) if args.tune_on else None
+        warm_dereverb_cache(args.manifest, norm.settings, opts["dereverb"], args.limit, args.jobs)
+        use_lm = opts.get("lm") is not None and (opts.get("lm_weight", 0) > 0 or method == "combine")
+        lm_path = args.lm if use_lm else None
+        jobs = [(args.checkpoint, lm_path, m, args.limit, {k: v for k, v in opts.items() if k != "lm"})
+                for m in args.manifest]
+        if len(jobs) > 1 and args.jobs > 1:
+            results = _map(_decode_job, jobs, args.jobs)
+        else:       # one process: the model loaded above, the LM as _decode_opts gave it
+            results = [evaluate(model, tok, norm, m, limit=args.limit, **opts) for m in args.manifest]
     if tuned is not None:
         for r in results:
             r["tuned_on"] = tuned
