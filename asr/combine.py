@@ -134,7 +134,7 @@ class Combiner:
         """Per utterance of an encoded batch: the pooled candidates ``{"hyp", "from", "features"}``, the lexicon
         decoder's n-best first (best first), then its n-best at each of ``blank_offsets``, then the joint search's
         hypotheses; each string once, under the source that proposed it first."""
-        from .decode import attention_score, ctc_score, forced_ctc, joint_search
+        from .decode import joint_search
         phone_lp, phone_len = model.phone_log_probs(enc, enc_lengths)
         searches = [("lexicon", self.lexicon_decoder.nbest(phone_lp, phone_len))]
         own = self.lexicon_decoder.blank_penalty
@@ -155,10 +155,8 @@ class Combiner:
             texts, T = list(pool), int(enc_lengths[b])
             phones, k = spelt[k:k + len(texts)], k + len(texts)
             pieces = [tok.encode(t) for t in texts]
-            feats = {"phone_ctc": forced_ctc(phone_lp[b], int(phone_len[b]), [p for p, _ in phones],
-                                             model.config.phone_vocab),
-                     "piece_ctc": ctc_score(model, enc[b:b + 1], T, pieces),
-                     "attention": attention_score(model, enc[b:b + 1], T, pieces),
+            feats = {**acoustic_scores(model, enc[b:b + 1], T, phone_lp[b], int(phone_len[b]),
+                                       [p for p, _ in phones], pieces),
                      "piece_lm": self.lm.score(pieces) if self.lm is not None else [0.0] * len(texts),
                      "ngram": [self.ngram(t) for t in texts] if self.ngram is not None else [0.0] * len(texts),
                      "words": [float(len(t.split())) for t in texts],
@@ -171,6 +169,16 @@ class Combiner:
 
     def pick(self, candidates: list[dict]) -> str:
         return candidates[best_index([candidates], self.weights)[0]]["hyp"]
+
+
+def acoustic_scores(model, enc, enc_length: int, phone_lp, phone_length: int, phones: list[list[int]],
+                    pieces: list[list[int]]) -> dict[str, list[float]]:
+    """One utterance's candidates under the model's three acoustic heads (``enc`` [1, T, D]; ``phone_lp`` its phone
+    CTC log-probabilities): ``phone_ctc`` of their phone ids, ``piece_ctc`` and ``attention`` of their word pieces."""
+    from .decode import attention_score, ctc_score, forced_ctc
+    return {"phone_ctc": forced_ctc(phone_lp, phone_length, phones, model.config.phone_vocab),
+            "piece_ctc": ctc_score(model, enc, enc_length, pieces),
+            "attention": attention_score(model, enc, enc_length, pieces)}
 
 
 def sources(blank_offsets) -> list[str]:

@@ -38,9 +38,9 @@ SOURCE_GRID = (-3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0)
 
 def score(args) -> None:
     """Every stored candidate of ``--result`` scored by ``--checkpoint``'s three acoustic heads."""
-    from asr.combine import INFEASIBLE, Speller
+    from asr.combine import INFEASIBLE, Speller, acoustic_scores
     from asr.data.lexicon import Lexicon
-    from asr.decode import attention_score, ctc_score, encode, forced_ctc
+    from asr.decode import encode
     from asr.evaluate import load_checkpoint
     from asr.loader import SpeechDataset, collate, eval_batches
     torch.set_num_threads(1)
@@ -58,12 +58,10 @@ def score(args) -> None:
             enc, enc_len = encode(model, batch.feats, batch.flen)
             phone_lp, phone_len = model.phone_log_probs(enc, enc_len)
             for k, utt in enumerate(batch.ids):
-                texts, T = cands[utt], int(enc_len[k])
-                pieces = [tok.encode(t) for t in texts]
-                feats = (forced_ctc(phone_lp[k], int(phone_len[k]), [p for p, _ in speller(texts)],
-                                    model.config.phone_vocab),
-                         ctc_score(model, enc[k:k + 1], T, pieces), attention_score(model, enc[k:k + 1], T, pieces))
-                out[utt] = [[max(float(x), INFEASIBLE) for x in row] for row in zip(*feats)]
+                texts = cands[utt]
+                feats = acoustic_scores(model, enc[k:k + 1], int(enc_len[k]), phone_lp[k], int(phone_len[k]),
+                                        [p for p, _ in speller(texts)], [tok.encode(t) for t in texts])
+                out[utt] = [[max(float(x), INFEASIBLE) for x in row] for row in zip(*feats.values())]
             print(f"{len(out)} / {len(cands)}", file=sys.stderr, flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     json.dump(out, open(args.out, "w"))
