@@ -106,6 +106,28 @@ def build_augmenter(cfg, dataset, seed: int):
                      seed=seed, babble=babble_talkers(dataset, dataset.normalizer.settings.sample_rate))
 
 
+FUSED_ADAM_DEVICES = ("cpu", "cuda")   # where torch.optim.Adam(fused=True) has a kernel
+
+
+def make_adam(params, lr: float, weight_decay: float, fused: bool) -> torch.optim.Adam:
+    """The trainer's Adam. ``fused``: one kernel over all the weights instead of a dozen tensor ops per weight; on
+    a CPU thread the per-weight ops of a 2.9M-weight model cost about 20 ms a step, the fused kernel 2.5 ms."""
+    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=True if fused else None)
+
+
+def keep_fused(opt, fused: list) -> None:
+    """After ``opt.load_state_dict``: each group's ``fused`` as this run built it, not as the checkpoint had it (a
+    checkpoint from before fused Adam would turn it off), with the step counters where the fused kernel wants
+    them (float32 on the weight's device)."""
+    for group, was in zip(opt.param_groups, fused):
+        group["fused"] = was
+        if was:
+            for p in group["params"]:
+                st = opt.state.get(p)
+                if st and torch.is_tensor(st.get("step")):
+                    st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
+
+
 class _Run:
     """The state of a run that is not elastic: plain attributes; commits do nothing."""
 
@@ -193,7 +215,8 @@ class Trainer:
         self.model = BFA(self.model_cfg).to(self.device)
         # The weights decoded (dev pass, checkpoints' ``model``): an EMA of the trained ones, or those themselves
         self.ema = make_ema(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
-        base = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr * size, weight_decay=cfg.train.weight_decay)
+        base = make_adam(self.model.parameters(), lr=cfg.train.lr * size, weight_decay=cfg.train.weight_decay,
+                         fused=cfg.train.fused_adam and self.device.type in FUSED_ADAM_DEVICES)
         if cfg.train.slowmo or cfg.train.gossip:
             self.opt = self._averaging_optimizer(base)
         else:
@@ -275,7 +298,9 @@ class Trainer:
         self.model.load_state_dict(ckpt.model if ckpt.train_model is None else ckpt.train_model)
         if self.ema is not None:   # goes on where it stopped (after a run without one, ema_updates 0: from the weights)
             load_ema_state(self.ema, ckpt.model, ckpt.ema_updates)
+        fused = [g.get("fused") for g in self.opt.param_groups]
         self.opt.load_state_dict(ckpt.optimizer)
+        keep_fused(self.opt, fused)
         start_epoch, step = ckpt.epoch + 1, ckpt.step
         self.log({"event": "resume", "from": str(self.last), "epoch": start_epoch, "step": step,
                   "codec_state_workers": ckpt.optimizer.get("horovod_ext", {}).get("world_size")})
