@@ -312,7 +312,10 @@ def cmd_train(args) -> int:
 
     lr = args.lr if args.lr is not None else cfg.train.lr     # constant: no warm-up in a few hundred steps
     info["lr"] = lr
-    base = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=cfg.train.weight_decay)
+    from asr.train import FUSED_ADAM_DEVICES, make_adam      # the trainer's Adam (fused on CUDA)
+    base = make_adam(model.parameters(), lr=lr, weight_decay=cfg.train.weight_decay,
+                     fused=cfg.train.fused_adam and dev.type in FUSED_ADAM_DEVICES)
+    info["fused_adam"] = bool(base.param_groups[0]["fused"])
     opt, hx_used = base, False
     if args.opt in ("auto", "hx"):
         try:

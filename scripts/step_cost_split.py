@@ -1,6 +1,6 @@
 """Micro-benchmark: what one training step of a config's model costs on one thread, on the recipe's own batches.
 
-    .venv/bin/python scripts/step_cost_split.py --corpus exp/corpus_small_2500_seed0 [--config ...] [--bf16]
+    .venv/bin/python scripts/step_cost_split.py --corpus exp/corpus_small_2500_seed0 [--config ...] [--bf16] [key=value ...]
 
 Batches are the corpus's training utterances packed as the trainer packs them (train.batch_seconds,
 train.max_batch), their word pieces from the corpus's tokenizer, and random features of each utterance's length
@@ -44,13 +44,14 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=30, help="batches timed (after 3 warm-up batches)")
     p.add_argument("--bf16", action="store_true", help="also time the steps under CPU autocast to bfloat16")
     p.add_argument("--json", default="out/step_cost_split.json")
+    p.add_argument("overrides", nargs="*", help="config overrides, e.g. train.fused_adam=false model.enc_layers=7")
     args = p.parse_args()
     import sentencepiece as spm
     from asr.config import load_config
     from asr.loader import eval_batches
     from asr.models.bfa import BFA
     torch.set_num_threads(1)
-    cfg = load_config(args.config, [])
+    cfg = load_config(args.config, args.overrides)
     corpus = Path(args.corpus)
     recs = [json.loads(line) for line in open(corpus / "train.jsonl")]
     models = glob.glob(str(corpus / "tokenizer" / "*.model"))
@@ -65,7 +66,8 @@ def main() -> None:
     model = BFA(dataclasses.replace(cfg.model, phone_ctc_weight=0.0, vocab_size=sp.get_piece_size()))
     dim = model.config.feat_dim
     model.train()
-    opt = torch.optim.Adam(model.parameters(), 1e-4)
+    from asr.train import make_adam
+    opt = make_adam(model.parameters(), 1e-4, 0.0, fused=cfg.train.fused_adam)   # the trainer's Adam
     results = {}
     for name, dtype in [("fp32", None)] + ([("bf16", torch.bfloat16)] if args.bf16 else []):
         full, enc, shapes = [], [], []

@@ -127,11 +127,15 @@ def test_fused_padded_bilstm_equals_the_packed_path(stack, pools, residual):
     assert float(e1[~valid].abs().max()) == 0.0
 
 
-@pytest.mark.parametrize("attention,layers", [("location", 1), ("location", 2), ("additive", 1)])
-def test_teacher_forcing_equals_step_by_step_decoding(attention, layers):
+@pytest.mark.parametrize("attention,layers,feeding", [("location", 1, True), ("location", 2, True),
+                                                      ("additive", 1, True), ("additive", 1, False),
+                                                      ("additive", 2, False), ("location", 1, False)])
+def test_teacher_forcing_equals_step_by_step_decoding(attention, layers, feeding):
     """Decoder.forward hoists the embedding, the top dropout and the output layer out of its loop and folds the
-    location filter into one matrix; its logits must be those of step() called once per token."""
-    model = tiny(frame_stack=2, pool_after=[0], attention=attention, dec_layers=layers, loc_kernel=5)
+    location filter into one matrix; without input feeding and location it runs all word pieces at once. Its
+    logits must be those of step() called once per token."""
+    model = tiny(frame_stack=2, pool_after=[0], attention=attention, dec_layers=layers, loc_kernel=5,
+                 dec_input_feeding=feeding)
     feats, flen, tokens, tlen = batch(lengths=(37, 12, 29), n_tokens=(4, 2, 3))
     enc, elen = model.encode(feats, flen)
     targets_in = torch.cat([torch.full((3, 1), model.config.eos), tokens.clamp(min=0)], dim=1)

@@ -37,6 +37,10 @@ class BFAConfig:
     emb_dim: int = 128
     att_dim: int = 256
     attention: str = "location"           # "additive" or "location"
+    dec_input_feeding: bool = True        # the last context goes into the decoder cell with the token. False with
+                                          # additive attention: nothing feeds back but the cell's own state, so
+                                          # training runs the cell over all word pieces at once (fused kernel) and
+                                          # attends for all of them in one batch
     loc_channels: int = 10
     loc_kernel: int = 31
     dropout: float = 0.1
@@ -180,14 +184,25 @@ class Attention(nn.Module):
         context = torch.bmm(weights.unsqueeze(1), enc).squeeze(1)
         return context, weights
 
+    def attend_all(self, enc_keys, enc, mask, queries):
+        """Additive attention for L queries at once [B, L, H]: the contexts [B, L, D] that L calls of forward()
+        give (without location there is nothing from one call in the next)."""
+        if self.location:
+            raise ValueError("attend_all: location-aware attention depends on the previous step's weights")
+        e = enc_keys.unsqueeze(1) + self.dec_proj(queries).unsqueeze(2)                 # [B, L, T, A]
+        scores = self.v(torch.tanh(e)).squeeze(-1).masked_fill(~mask.unsqueeze(1), float("-inf"))
+        return torch.softmax(scores, dim=-1) @ enc
+
 
 class Decoder(nn.Module):
     def __init__(self, c: BFAConfig, enc_dim: int):
         super().__init__()
         self.c = c
         self.embed = nn.Embedding(c.vocab_size + 1, c.emb_dim)
+        first = c.emb_dim + (enc_dim if c.dec_input_feeding else 0)
         self.cells = nn.ModuleList(
-            nn.LSTMCell((c.emb_dim + enc_dim) if i == 0 else c.dec_hidden, c.dec_hidden) for i in range(c.dec_layers))
+            nn.LSTMCell(first if i == 0 else c.dec_hidden, c.dec_hidden) for i in range(c.dec_layers))
+        self.feeding = c.dec_input_feeding
         self.attention = Attention(c, enc_dim)
         self.out = nn.Linear(c.dec_hidden + enc_dim, c.vocab_size + 1)
         self.dropout = nn.Dropout(c.dropout)
@@ -206,7 +221,7 @@ class Decoder(nn.Module):
     def _advance(self, state, emb, loc_matrix=None):
         """The recurrent part of one step (cells, attention) from the previous token's embedding: returns the top
         cell's output before dropout and the new state (the old one is not modified)."""
-        x = torch.cat([emb, state["context"]], dim=-1)
+        x = torch.cat([emb, state["context"]], dim=-1) if self.feeding else emb
         hidden = []
         for i, cell in enumerate(self.cells):
             h, c = cell(x, state["hidden"][i])
@@ -226,6 +241,8 @@ class Decoder(nn.Module):
         output layer) done once for all L steps."""
         state = self.init_state(enc, enc_lengths)
         emb = self.embed(targets_in)
+        if not self.feeding and not self.attention.location:
+            return self._forward_parallel(state, emb)
         loc_matrix = self.attention.location_matrix() if self.attention.location else None
         tops, contexts = [], []
         for t in range(targets_in.shape[1]):
@@ -233,6 +250,19 @@ class Decoder(nn.Module):
             tops.append(h)
             contexts.append(state["context"])
         return self.out(torch.cat([self.dropout(torch.stack(tops, dim=1)), torch.stack(contexts, dim=1)], dim=-1))
+
+    def _forward_parallel(self, state, emb):
+        """Teacher forcing without feedback: each cell over all L word pieces on the fused LSTM kernel (the cells'
+        own weights), then one batched attention; the same arithmetic as L calls of step()."""
+        x = emb
+        h0 = emb.new_zeros(1, emb.shape[0], self.c.dec_hidden)
+        for i, cell in enumerate(self.cells):
+            w = [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
+            x = torch._VF.lstm(x, (h0, h0), w, True, 1, 0.0, self.training, False, True)[0]
+            if i + 1 < len(self.cells):
+                x = self.dropout(x)
+        contexts = self.attention.attend_all(state["keys"], state["enc"], state["mask"], x)
+        return self.out(torch.cat([self.dropout(x), contexts], dim=-1))
 
 
 class BFA(nn.Module):

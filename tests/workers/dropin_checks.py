@@ -161,6 +161,7 @@ def _err(e):
 OPTIMIZERS = {
     "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3),
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
+    "adam_fused": lambda ps: torch.optim.Adam(ps, lr=1e-2, fused=True),     # asr.train's Adam on CPU and CUDA
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1),
 }
 
@@ -334,6 +335,7 @@ MAIN_SCENARIOS = {
     "dense_mlp_adam": (sc_dense("mlp", "adam"), HVD_HX),
     "dense_lstm_sgd_momentum": (sc_dense("lstm", "sgd_momentum"), HVD_HX),
     "dense_lstm_adam": (sc_dense("lstm", "adam"), HVD_HX),
+    "dense_lstm_adam_fused": (sc_dense("lstm", "adam_fused"), HVD_HX),
     "op_sum": (sc_options(op=hvd.Sum), HVD_HX),
     "compression_hvd_none": (sc_compression("none"), ("hx:hx.Compression.none", "hx:hvd.Compression.none")),
     "compression_hvd_none_vs_horovod": (sc_compression("none"), ("hvd:hvd.Compression.none",
