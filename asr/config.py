@@ -65,7 +65,7 @@ class TrainConfig:
     final_lr: float = 0.05              # schedule=cosine|linear: the last step's lr, as a fraction of the peak
     weight_decay: float = 0.0
     fused_adam: bool = True             # Adam's fused kernel (CPU and CUDA): the same update in one pass over the
-                                        # weights; on one CPU thread 2.5 against 20 ms per step for cpu-small's 2.9M
+                                        # weights; on one CPU thread 2.5 against 9.7 ms per step for cpu-small's 2.9M
                                         # weights (RESULTS.md, fifteenth session)
     clip: float = 5.0
     compression: str = "none"           # hx.Compression.from_spec: none, fp16, bf16, global_qsgd8, topk0.01, ...
