@@ -404,3 +404,26 @@ def test_phone_head_trains_on_two_workers_and_the_lexicon_decoder_reads_it(corpu
                           corpus / "test.jsonl", "--method", "lexicon", "--lexicon", tmp_path / "missing"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "missing" in bad.stderr and "asr-prep lexicon" in bad.stderr, bad.stderr
+
+
+def test_resume_a_checkpoint_from_before_fused_adam_under_horovodrun(corpus, tmp_path):
+    """A checkpoint written by the per-weight Adam (train.fused_adam=false, as every checkpoint before it) resumes on 2
+    workers with the fused kernel on: no hang, and the steps after it follow the uninterrupted run to rounding (the
+    two kernels differ in the last bits)."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    extra = dict(train__batch_seconds=20, data__dev_subset=2)
+    env = {"HOROVOD_FUSION_THRESHOLD": "0"}
+    train(overrides(corpus, full, train="train.jsonl", train__epochs=2, train__fused_adam="false", **extra), np_=2,
+          env=env)
+    (part / "checkpoints").mkdir(parents=True)
+    (part / "checkpoints" / "last.pt").write_bytes((full / "checkpoints" / "epoch000.pt").read_bytes())
+    train(overrides(corpus, part, train="train.jsonl", train__epochs=2, **extra) + ["--resume"], np_=2, env=env,
+          timeout=300)
+    resume = next(r for r in log_records(part) if r["event"] == "resume")
+    assert resume["epoch"] == 1
+    steps = lambda run: [(r["step"], r["loss"]) for r in log_records(run) if r["event"] == "step"]
+    after = [s for s in steps(full) if s[0] > resume["step"]]
+    got = steps(part)
+    assert after and [s for s, _ in got] == [s for s, _ in after]
+    for (_, a), (_, b) in zip(after, got):
+        assert abs(a - b) <= 1e-3 * max(1.0, abs(a)), (after, got)
