@@ -4,10 +4,10 @@
 
 Times, on one batch of fixed shape (default: 13 utterances, 41 encoder frames, 25 word pieces: the mean batch of the
 60-minute corpus as ``scripts/step_cost_split.py`` reports it), forward + backward of
-* the attention decoder as the model runs it (location-aware, the context fed back into the LSTM cell, so one
+* the config's attention decoder (cpu-small: location-aware, the context fed back into the LSTM cell, so one
   step per word piece),
-* two decoders that would run all word pieces at once (an LSTM over the embeddings alone, then additive or
-  dot-product attention over all of them): what a decoder without the feedback would cost, for comparison only,
+* the model's decoders with nothing fed back (``model.dec_input_feeding: false``) and additive or dot-product
+  attention (``model.attention``), which run all word pieces at once,
 * the word-piece CTC loss,
 and the optimizer-side work of one step on all of the model's weights: Adam as a per-weight loop, with ``foreach``,
 fused (what ``asr.train.make_adam`` builds), gradient clipping and ``zero_grad``. Random features and tokens (the
@@ -64,29 +64,17 @@ def main() -> None:
     mask = torch.arange(T)[None] < lengths[:, None]
     res = {}
 
-    def decoder():
-        logits = model.decoder(enc, lengths, tokens_in)
-        F.cross_entropy(logits.reshape(-1, V + 1), tokens_out.reshape(-1)).backward()
-    res["decoder_ms"] = ms_per_call(decoder, args.repeats)
-
-    c = cfg.model
-    lstm = nn.LSTM(c.emb_dim, c.dec_hidden, batch_first=True)
-    embed, out = nn.Embedding(V + 1, c.emb_dim), nn.Linear(c.dec_hidden + D, V + 1)
-    key, query, v = nn.Linear(D, c.att_dim), nn.Linear(c.dec_hidden, c.att_dim, bias=False), nn.Linear(c.att_dim, 1, bias=False)
-
-    def parallel(additive: bool):
+    def decoder_pass(decoder):
         def fn():
-            h, _ = lstm(embed(tokens_in))
-            if additive:
-                scores = v(torch.tanh(key(enc)[:, None] + query(h)[:, :, None])).squeeze(-1)   # [B, L, T]
-            else:
-                scores = query(h) @ key(enc).transpose(1, 2)
-            ctx = scores.masked_fill(~mask[:, None], float("-inf")).softmax(-1) @ enc
-            logits = out(torch.cat([h, ctx], -1))
+            logits = decoder(enc, lengths, tokens_in)
             F.cross_entropy(logits.reshape(-1, V + 1), tokens_out.reshape(-1)).backward()
         return fn
-    res["parallel_additive_decoder_ms"] = ms_per_call(parallel(True), args.repeats)
-    res["parallel_dot_decoder_ms"] = ms_per_call(parallel(False), args.repeats)
+    res["decoder_ms"] = ms_per_call(decoder_pass(model.decoder), args.repeats)
+    # The decoders with nothing fed back (teacher forcing over all word pieces at once), as the model builds them
+    for attention in ("additive", "dot"):
+        variant = BFA(dataclasses.replace(cfg.model, vocab_size=V, phone_ctc_weight=0.0, attention=attention,
+                                          dec_input_feeding=False)).train()
+        res[f"parallel_{attention}_decoder_ms"] = ms_per_call(decoder_pass(variant.decoder), args.repeats)
 
     def ctc():
         lp = F.log_softmax(model.ctc_head(enc), -1).transpose(0, 1)

@@ -48,8 +48,9 @@ def test_padding_does_not_change_an_utterance_encoding():
     torch.testing.assert_close(alone[0, :int(alone_len[0])], enc[1, :int(elen[1])])
 
 
-def test_joint_loss_and_decoders_run_on_a_batch():
-    model = tiny(frame_stack=2, pool_after=[0], ctc_weight=0.5)
+@pytest.mark.parametrize("attention,feeding", [("location", True), ("dot", False)])
+def test_joint_loss_and_decoders_run_on_a_batch(attention, feeding):
+    model = tiny(frame_stack=2, pool_after=[0], ctc_weight=0.5, attention=attention, dec_input_feeding=feeding)
     feats, flen, tokens, tlen = batch()
     model.train()
     loss, stats = model(feats, flen, tokens, tlen)
@@ -60,6 +61,11 @@ def test_joint_loss_and_decoders_run_on_a_batch():
     for hyps in (greedy(model, feats, flen), ctc_greedy(model, feats, flen),
                  beam_search(model, feats, flen, beam=2, ctc_weight=0.3)):
         assert len(hyps) == 2 and all(0 <= t < 12 for h in hyps for t in h)
+
+
+def test_an_unknown_attention_is_refused_by_name():
+    with pytest.raises(ValueError, match="model.attention must be 'additive', 'location' or 'dot', got 'dott'"):
+        tiny(attention="dott")
 
 
 def test_ctc_greedy_merges_repeats_and_drops_blanks():
@@ -129,7 +135,8 @@ def test_fused_padded_bilstm_equals_the_packed_path(stack, pools, residual):
 
 @pytest.mark.parametrize("attention,layers,feeding", [("location", 1, True), ("location", 2, True),
                                                       ("additive", 1, True), ("additive", 1, False),
-                                                      ("additive", 2, False), ("location", 1, False)])
+                                                      ("additive", 2, False), ("location", 1, False),
+                                                      ("dot", 1, True), ("dot", 1, False), ("dot", 2, False)])
 def test_teacher_forcing_equals_step_by_step_decoding(attention, layers, feeding):
     """Decoder.forward hoists the embedding, the top dropout and the output layer out of its loop and folds the
     location filter into one matrix; without input feeding and location it runs all word pieces at once. Its

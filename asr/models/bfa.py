@@ -36,9 +36,10 @@ class BFAConfig:
     dec_layers: int = 1
     emb_dim: int = 128
     att_dim: int = 256
-    attention: str = "location"           # "additive" or "location"
+    attention: str = "location"           # "additive", "location" or "dot" (scaled dot product of the projected
+                                          # query and keys: no tanh over [B, L, T, A])
     dec_input_feeding: bool = True        # the last context goes into the decoder cell with the token. False with
-                                          # additive attention: nothing feeds back but the cell's own state, so
+                                          # additive or dot attention: nothing feeds back but the cell's own state, so
                                           # training runs the cell over all word pieces at once (fused kernel) and
                                           # attends for all of them in one batch
     loc_channels: int = 10
@@ -150,19 +151,23 @@ class Encoder(nn.Module):
 
 
 class Attention(nn.Module):
-    """Additive (Bahdanau) attention, optionally location-aware (Chorowski et al., 2015)."""
+    """Additive (Bahdanau) attention, optionally location-aware (Chorowski et al., 2015), or the scaled dot product
+    of the projected query and keys (Luong's "general" score; a matmul where additive needs a tanh per frame)."""
 
     def __init__(self, c: BFAConfig, enc_dim: int):
         super().__init__()
+        if c.attention not in ("additive", "location", "dot"):
+            raise ValueError(f"model.attention must be 'additive', 'location' or 'dot', got {c.attention!r}")
         self.enc_proj = nn.Linear(enc_dim, c.att_dim)
         self.dec_proj = nn.Linear(c.dec_hidden, c.att_dim, bias=False)
-        self.v = nn.Linear(c.att_dim, 1, bias=False)
+        self.dot = c.attention == "dot"
+        self.scale = c.att_dim ** -0.5
+        if not self.dot:
+            self.v = nn.Linear(c.att_dim, 1, bias=False)
         self.location = c.attention == "location"
         if self.location:
             self.loc_conv = nn.Conv1d(1, c.loc_channels, c.loc_kernel, padding=c.loc_kernel // 2, bias=False)
             self.loc_proj = nn.Linear(c.loc_channels, c.att_dim, bias=False)
-        elif c.attention != "additive":
-            raise ValueError(f"attention must be 'additive' or 'location', got {c.attention!r}")
 
     def location_matrix(self) -> torch.Tensor:
         """The location filter and its projection as one [kernel, att_dim] matrix: both are linear and bias-free,
@@ -173,6 +178,8 @@ class Attention(nn.Module):
     def forward(self, enc_keys, enc, mask, query, prev_weights, loc_matrix=None):
         """enc_keys: projected encoder [B,T,A]; mask: [B,T] True on valid frames; query: [B,H]; loc_matrix: this
         module's location_matrix() when the caller has it (else it is built here)."""
+        if self.dot:
+            return self._dot(enc_keys, enc, mask, self.dec_proj(query).unsqueeze(1))
         e = enc_keys + self.dec_proj(query).unsqueeze(1)
         if self.location:
             m = self.location_matrix() if loc_matrix is None else loc_matrix
@@ -189,9 +196,19 @@ class Attention(nn.Module):
         give (without location there is nothing from one call in the next)."""
         if self.location:
             raise ValueError("attend_all: location-aware attention depends on the previous step's weights")
+        if self.dot:
+            return self._dot(enc_keys, enc, mask, self.dec_proj(queries), all_queries=True)
         e = enc_keys.unsqueeze(1) + self.dec_proj(queries).unsqueeze(2)                 # [B, L, T, A]
         scores = self.v(torch.tanh(e)).squeeze(-1).masked_fill(~mask.unsqueeze(1), float("-inf"))
         return torch.softmax(scores, dim=-1) @ enc
+
+    def _dot(self, enc_keys, enc, mask, q, all_queries=False):
+        """Scaled dot-product attention of projected queries q [B, L, A] over the keys: the contexts [B, L, D]
+        (all_queries) or, for one query (L = 1), the context [B, D] and the weights [B, T] as forward() returns."""
+        scores = (q @ enc_keys.transpose(1, 2) * self.scale).masked_fill(~mask.unsqueeze(1), float("-inf"))
+        weights = torch.softmax(scores, dim=-1)                                          # [B, L, T]
+        contexts = weights @ enc
+        return contexts if all_queries else (contexts.squeeze(1), weights.squeeze(1))
 
 
 class Decoder(nn.Module):
