@@ -39,6 +39,10 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+class ResumeMismatch(ValueError):
+    """The checkpoint to resume from does not fit the model this run's config builds."""
+
+
 def load_resume_checkpoint(path: Path):
     """The checkpoint to resume from (a TrainingCheckpoint), or the error message (a string) to show on every rank."""
     from .checkpoint import CheckpointError, TrainingCheckpoint
@@ -295,7 +299,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ resume
     def _load(self, ckpt) -> tuple[int, int]:
-        self.model.load_state_dict(ckpt.model if ckpt.train_model is None else ckpt.train_model)
+        """Puts ``ckpt``'s weights and optimizer state into this run; a checkpoint of another model shape raises
+        ResumeMismatch naming the model settings that differ (PyTorch's message lists tensors, not settings)."""
+        try:
+            self.model.load_state_dict(ckpt.model if ckpt.train_model is None else ckpt.train_model)
+        except RuntimeError:
+            ours = dataclasses.asdict(self.model_cfg)
+            differ = ", ".join(f"model.{k}: {ckpt.model_config.get(k)!r} there, {v!r} here" for k, v in ours.items()
+                               if k in ckpt.model_config and ckpt.model_config[k] != v)
+            raise ResumeMismatch(f"cannot resume: {self.last} holds a model of another shape than this run's "
+                                 f"config builds ({differ or 'the weights differ'}); resume with its settings or "
+                                 f"start a new train.out_dir") from None
         if self.ema is not None:   # goes on where it stopped (after a run without one, ema_updates 0: from the weights)
             load_ema_state(self.ema, ckpt.model, ckpt.ema_updates)
         fused = [g.get("fused") for g in self.opt.param_groups]
@@ -305,6 +319,12 @@ class Trainer:
         self.log({"event": "resume", "from": str(self.last), "epoch": start_epoch, "step": step,
                   "codec_state_workers": ckpt.optimizer.get("horovod_ext", {}).get("world_size")})
         return start_epoch, step
+
+    def _load_or_fatal(self, ckpt) -> tuple[int, int, str]:
+        try:
+            return (*self._load(ckpt), "")
+        except ResumeMismatch as e:
+            return 0, 0, str(e)
 
     def resume(self, resume: bool) -> dict:
         """The run's starting position: {epoch, step, trained_s, fatal} from ``last.pt`` (``resume``)
@@ -321,7 +341,7 @@ class Trainer:
                 if isinstance(ckpt, str):
                     fatal = ckpt
                 else:
-                    start_epoch, step = self._load(ckpt)
+                    start_epoch, step, fatal = self._load_or_fatal(ckpt)
             trained_s = _trained_seconds(self.log_path) if rank == 0 else 0.0
         else:
             if hvd.broadcast_object(resume and self.last.exists() if rank == 0 else None, 0, name="resume.exists"):
@@ -332,7 +352,7 @@ class Trainer:
                 if isinstance(ckpt, str):
                     fatal = ckpt
                 else:
-                    start_epoch, step = self._load(ckpt)
+                    start_epoch, step, fatal = self._load_or_fatal(ckpt)
             else:
                 hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
                 averaging = self.cfg.train.slowmo or self.cfg.train.gossip

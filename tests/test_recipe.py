@@ -427,3 +427,25 @@ def test_resume_a_checkpoint_from_before_fused_adam_under_horovodrun(corpus, tmp
     assert after and [s for s, _ in got] == [s for s, _ in after]
     for (_, a), (_, b) in zip(after, got):
         assert abs(a - b) <= 1e-3 * max(1.0, abs(a)), (after, got)
+
+
+def test_resuming_a_checkpoint_of_another_model_shape_names_the_settings_on_every_worker(corpus, tmp_path):
+    """A run directory trained with one decoder, resumed under a config that builds another (e.g. `make demo` re-run
+    after cpu-small's decoder changed): both workers stop with exit code 2 and a message naming the model settings
+    that differ, not PyTorch's list of tensors, and no worker hangs."""
+    run = tmp_path / "run"
+    extra = dict(train__batch_seconds=20, data__dev_subset=2)
+    train(overrides(corpus, run, train="train.jsonl", train__epochs=1, **extra), np_=2)
+    before = (run / "checkpoints" / "last.pt").read_bytes()
+    cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "asr.train",
+           "--config", str(CONF), *overrides(corpus, run, train="train.jsonl", train__epochs=2,
+                                             model__attention="additive", model__dec_input_feeding="false", **extra),
+           "--resume"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "cannot resume" in out, out[-3000:]
+    assert "model.attention: 'location' there, 'additive' here" in out, out[-3000:]
+    assert "model.dec_input_feeding: True there, False here" in out, out[-3000:]
+    assert out.count("holds a model of another shape") >= 2          # every worker says it
+    assert (run / "checkpoints" / "last.pt").read_bytes() == before  # the last good state is untouched
