@@ -304,9 +304,9 @@ class Trainer:
         try:
             self.model.load_state_dict(ckpt.model if ckpt.train_model is None else ckpt.train_model)
         except RuntimeError:
-            ours = dataclasses.asdict(self.model_cfg)
-            differ = ", ".join(f"model.{k}: {ckpt.model_config.get(k)!r} there, {v!r} here" for k, v in ours.items()
-                               if k in ckpt.model_config and ckpt.model_config[k] != v)
+            ours, theirs = dataclasses.asdict(self.model_cfg), ckpt.model_config or {}
+            differ = ", ".join(f"model.{k}: {theirs[k]!r} there, {v!r} here" for k, v in ours.items()
+                               if k in theirs and theirs[k] != v)
             raise ResumeMismatch(f"cannot resume: {self.last} holds a model of another shape than this run's "
                                  f"config builds ({differ or 'the weights differ'}); resume with its settings or "
                                  f"start a new train.out_dir") from None
