@@ -10,7 +10,7 @@
 #            minutes on one host a gradient applied a step late costs more than the little it hides: 59.5
 #            against 61.8% clean at 1,800 equal steps, RESULTS.md 2026-12-03), VTLP, speed perturbation
 #            and the room simulator on CPU loader workers (from epoch 1),
-#            5 minutes; CTC dev WER after every epoch
+#            4.8 minutes; CTC dev WER after every epoch
 #   stage 3  WER of every epoch on the clean and far-field test sets (the phone head over the lexicon with the
 #            4-gram, and CTC best path, one process per core), JSON and a plot; the last epoch again, each decode's
 #            weights chosen on 100 dev utterances: the lexicon decoder (its 10-best rescored by the word-piece heads
