@@ -39,10 +39,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-class ResumeMismatch(ValueError):
-    """The checkpoint to resume from does not fit the model this run's config builds."""
-
-
 def load_resume_checkpoint(path: Path):
     """The checkpoint to resume from (a TrainingCheckpoint), or the error message (a string) to show on every rank."""
     from .checkpoint import CheckpointError, TrainingCheckpoint
@@ -298,18 +294,18 @@ class Trainer:
                   **({"elastic": True, "commit_every": cfg.train.commit_every} if self.elastic else {})})
 
     # ------------------------------------------------------------------ resume
-    def _load(self, ckpt) -> tuple[int, int]:
-        """Puts ``ckpt``'s weights and optimizer state into this run; a checkpoint of another model shape raises
-        ResumeMismatch naming the model settings that differ (PyTorch's message lists tensors, not settings)."""
+    def _load(self, ckpt) -> tuple[int, int, str]:
+        """Puts ``ckpt``'s weights and optimizer state into this run: (start epoch, step, ""), or (0, 0, the error to
+        show) for a checkpoint of another model shape, naming the model settings that differ (PyTorch's message lists
+        tensors, not settings)."""
         try:
             self.model.load_state_dict(ckpt.model if ckpt.train_model is None else ckpt.train_model)
         except RuntimeError:
             ours, theirs = dataclasses.asdict(self.model_cfg), ckpt.model_config or {}
             differ = ", ".join(f"model.{k}: {theirs[k]!r} there, {v!r} here" for k, v in ours.items()
                                if k in theirs and theirs[k] != v)
-            raise ResumeMismatch(f"cannot resume: {self.last} holds a model of another shape than this run's "
-                                 f"config builds ({differ or 'the weights differ'}); resume with its settings or "
-                                 f"start a new train.out_dir") from None
+            return 0, 0, (f"cannot resume: {self.last} holds a model of another shape than this run's config builds "
+                          f"({differ or 'the weights differ'}); resume with its settings or start a new train.out_dir")
         if self.ema is not None:   # goes on where it stopped (after a run without one, ema_updates 0: from the weights)
             load_ema_state(self.ema, ckpt.model, ckpt.ema_updates)
         fused = [g.get("fused") for g in self.opt.param_groups]
@@ -318,13 +314,7 @@ class Trainer:
         start_epoch, step = ckpt.epoch + 1, ckpt.step
         self.log({"event": "resume", "from": str(self.last), "epoch": start_epoch, "step": step,
                   "codec_state_workers": ckpt.optimizer.get("horovod_ext", {}).get("world_size")})
-        return start_epoch, step
-
-    def _load_or_fatal(self, ckpt) -> tuple[int, int, str]:
-        try:
-            return (*self._load(ckpt), "")
-        except ResumeMismatch as e:
-            return 0, 0, str(e)
+        return start_epoch, step, ""
 
     def resume(self, resume: bool) -> dict:
         """The run's starting position: {epoch, step, trained_s, fatal} from ``last.pt`` (``resume``)
@@ -341,7 +331,7 @@ class Trainer:
                 if isinstance(ckpt, str):
                     fatal = ckpt
                 else:
-                    start_epoch, step, fatal = self._load_or_fatal(ckpt)
+                    start_epoch, step, fatal = self._load(ckpt)
             trained_s = _trained_seconds(self.log_path) if rank == 0 else 0.0
         else:
             if hvd.broadcast_object(resume and self.last.exists() if rank == 0 else None, 0, name="resume.exists"):
@@ -352,7 +342,7 @@ class Trainer:
                 if isinstance(ckpt, str):
                     fatal = ckpt
                 else:
-                    start_epoch, step, fatal = self._load_or_fatal(ckpt)
+                    start_epoch, step, fatal = self._load(ckpt)
             else:
                 hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
                 averaging = self.cfg.train.slowmo or self.cfg.train.gossip

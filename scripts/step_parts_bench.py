@@ -61,7 +61,6 @@ def main() -> None:
     lengths[0] = T
     tokens_in = torch.randint(0, V, (B, L))
     tokens_out = torch.randint(0, V, (B, L))
-    mask = torch.arange(T)[None] < lengths[:, None]
     res = {}
 
     def decoder_pass(decoder):

@@ -45,13 +45,13 @@ def overrides(corpus, run, train="few.jsonl", dev="few.jsonl", **extra):
     return args + [f"{k.replace('__', '.')}={v}" for k, v in extra.items()]
 
 
-def train(args, np_=1, timeout=600, env=None):
+def train(args, np_=1, timeout=600, env=None, check=True):
     cmd = [sys.executable, "-m", "asr.train", "--config", str(CONF), *map(str, args)]
     if np_ > 1:
         cmd = [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *cmd]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **(env or {}))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 or not check, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
@@ -437,12 +437,8 @@ def test_resuming_a_checkpoint_of_another_model_shape_names_the_settings_on_ever
     extra = dict(train__batch_seconds=20, data__dev_subset=2)
     train(overrides(corpus, run, train="train.jsonl", train__epochs=1, **extra), np_=2)
     before = (run / "checkpoints" / "last.pt").read_bytes()
-    cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "asr.train",
-           "--config", str(CONF), *overrides(corpus, run, train="train.jsonl", train__epochs=2,
-                                             model__attention="additive", model__dec_input_feeding="false", **extra),
-           "--resume"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)),
-                          capture_output=True, text=True, timeout=300)
+    proc = train(overrides(corpus, run, train="train.jsonl", train__epochs=2, model__attention="additive",
+                           model__dec_input_feeding="false", **extra) + ["--resume"], np_=2, timeout=300, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "cannot resume" in out, out[-3000:]
     assert "model.attention: 'location' there, 'additive' here" in out, out[-3000:]
