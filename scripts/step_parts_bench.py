@@ -4,10 +4,10 @@
 
 Times, on one batch of fixed shape (default: 13 utterances, 41 encoder frames, 25 word pieces: the mean batch of the
 60-minute corpus as ``scripts/step_cost_split.py`` reports it), forward + backward of
-* the config's attention decoder (cpu-small: location-aware, the context fed back into the LSTM cell, so one
-  step per word piece),
-* the model's decoders with nothing fed back (``model.dec_input_feeding: false``) and additive or dot-product
-  attention (``model.attention``), which run all word pieces at once,
+* the config's attention decoder (cpu-small since 2026-12-06: additive, nothing fed back),
+* the model's decoder with location-aware attention and the context fed back into the LSTM cell (one step per word
+  piece; cpu-small's before), and those with nothing fed back (``model.dec_input_feeding: false``) and additive or
+  dot-product attention (``model.attention``), which run all word pieces at once,
 * the word-piece CTC loss,
 and the optimizer-side work of one step on all of the model's weights: Adam as a per-weight loop, with ``foreach``,
 fused (what ``asr.train.make_adam`` builds), gradient clipping and ``zero_grad``. Random features and tokens (the
@@ -69,11 +69,12 @@ def main() -> None:
             F.cross_entropy(logits.reshape(-1, V + 1), tokens_out.reshape(-1)).backward()
         return fn
     res["decoder_ms"] = ms_per_call(decoder_pass(model.decoder), args.repeats)
-    # The decoders with nothing fed back (teacher forcing over all word pieces at once), as the model builds them
-    for attention in ("additive", "dot"):
+    # The decoders the model builds: location-aware with feedback, and with nothing fed back (all pieces at once)
+    for name, attention, feeding in [("location_fed_back", "location", True), ("parallel_additive", "additive", False),
+                                     ("parallel_dot", "dot", False)]:
         variant = BFA(dataclasses.replace(cfg.model, vocab_size=V, phone_ctc_weight=0.0, attention=attention,
-                                          dec_input_feeding=False)).train()
-        res[f"parallel_{attention}_decoder_ms"] = ms_per_call(decoder_pass(variant.decoder), args.repeats)
+                                          dec_input_feeding=feeding)).train()
+        res[f"{name}_decoder_ms"] = ms_per_call(decoder_pass(variant.decoder), args.repeats)
 
     def ctc():
         lp = F.log_softmax(model.ctc_head(enc), -1).transpose(0, 1)
