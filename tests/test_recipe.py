@@ -182,8 +182,9 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     extra = dict(train__batch_seconds=20, data__dev_subset=2, train__compression="none" if averaging else codec.split("+")[0],
                  train__pipeline=str("+pipe" in codec).lower(), train__predict_weights=str(codec.endswith("+pred")).lower(),
                  **({f"train__{averaging}": codec} if averaging else {}))
-    if codec.endswith("+pred"):     # as the recipe trains: dropout, and a persistent loader worker
-        extra.update(model__dropout=0.1, train__loader_workers=1, train__ema_decay=0.9)
+    if codec.endswith("+pred"):     # as the recipe trains: dropout, a persistent loader worker, cpu-small's decoder
+        extra.update(model__dropout=0.1, train__loader_workers=1, train__ema_decay=0.9, model__attention="additive",
+                     model__dec_input_feeding="false")
     env = {"HOROVOD_FUSION_THRESHOLD": "0"}
     proc = train(overrides(corpus, full, train="train_bad.jsonl", train__epochs=2, **extra), np_=2, env=env)
     assert "corrupt.flac" in proc.stdout + proc.stderr        # the skip names the file
