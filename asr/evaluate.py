@@ -29,6 +29,17 @@ import torch
 from .decode import METHODS
 
 
+def _methods_arg(text: str) -> list[str]:
+    """--method: one method, or a comma list of distinct ones (--run-dir)."""
+    methods = [m.strip() for m in text.split(",")]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown method {bad[0]!r} (choose from {', '.join(METHODS)})")
+    if len(set(methods)) != len(methods):
+        raise argparse.ArgumentTypeError(f"{text!r} names a method twice")
+    return methods
+
+
 def _offsets_arg(text: str) -> list[float]:
     """--combine-blank-offsets: comma-separated numbers ("" for none)."""
     try:
@@ -71,7 +82,7 @@ def parse_args(argv=None):
     p.add_argument("--json", action="append",
                    help="--checkpoint: write WER, SER and every hypothesis here; once per --manifest (in their order), "
                         "or once for all (a list)")
-    p.add_argument("--method", choices=METHODS, default=None,
+    p.add_argument("--method", type=_methods_arg, default=None, metavar="METHOD[,METHOD...]",
                    help="joint: joint CTC/attention beam search with CTC prefix scores inside the search (--ctc-weight; "
                         "optional LM fusion, --lm); attention: the decoder alone (greedy or beam, optional CTC "
                         "rescoring); ctc: best path of the CTC head (no decoder); ctc_beam: CTC prefix beam search with "
@@ -82,7 +93,9 @@ def parse_args(argv=None):
                         "candidate scored by every model (phone CTC, word-piece CTC and attention, --lm, --ngram) "
                         "and the best picked with --combine-weights (chosen on dev with --tune-on). "
                         "Default: the checkpoint's decode.method (joint; attention without a CTC head). Per-epoch "
-                        "results of each method are kept apart (NAME, NAME.ctc, NAME.joint, NAME.joint_lm, ...)")
+                        "results of each method are kept apart (NAME, NAME.ctc, NAME.joint, NAME.joint_lm, ...). "
+                        "--run-dir takes a list, e.g. lexicon,ctc: every method reads one encoding per utterance "
+                        "and epoch (the first leads the summary and the plot)")
     # Every decoding default is the checkpoint's config decode section (asr.config.DecodeConfig).
     p.add_argument("--beam", type=int, help="beam size (default: decode.beam, 1 = greedy; ctc_beam: decode.prefix_beam; "
                                             "joint: decode.joint_beam)")
@@ -148,6 +161,11 @@ def parse_args(argv=None):
         p.error(f"--json: give it once, or once per --manifest ({len(args.manifest)}), not {len(args.json)} times")
     if args.tune_on and not args.checkpoint:
         p.error("--tune-on tunes the decoding of one --checkpoint")
+    args.methods = args.method
+    if args.methods and len(args.methods) > 1 and not args.run_dir:
+        p.error(f"--method {','.join(args.methods)}: more than one method is for --run-dir (a checkpoint's result "
+                "files hold one method each)")
+    args.method = args.methods[0] if args.methods else None
     return args
 
 
@@ -442,8 +460,8 @@ def _skip_note(res: dict) -> str:
 
 def _run_dir_methods(args, ckpt) -> list[str]:
     """--method alone, or the default method followed by the cheap greedy references (attention, CTC best path)."""
-    if args.method:
-        return [args.method]
+    if args.methods:
+        return list(args.methods)
     methods = [_method(args, ckpt), "attention"] + (["ctc"] if ckpt.model_config.get("ctc_weight", 0) > 0 else [])
     return list(dict.fromkeys(methods))
 
@@ -643,10 +661,11 @@ def _epoch_of(ck: Path) -> int:
 
 def _decode_epoch(args, ck: Path, methods: list[str]) -> int:
     """Decode one epoch checkpoint with every method on every manifest not yet in RUN/eval/ (each result written
-    atomically, so a stopped run keeps what it finished); returns the epoch."""
+    atomically, so a stopped run keeps what it finished); returns the epoch. The methods of one manifest follow one
+    another, so they read the encodings the first one made (asr.decode's memo keeps one set's)."""
     cache, epoch, loaded, lm = Path(args.run_dir) / "eval", _epoch_of(ck), None, None
-    for method in methods:
-        for m in args.manifest:
+    for m in args.manifest:
+        for method in methods:
             name = _name(m, _label(method, args.lm))
             dest = cache / f"{name}.epoch{epoch:03d}.json"
             if dest.exists() and _same_front_end(dest, args):
@@ -867,7 +886,7 @@ def main(argv=None) -> int:
     for m in args.manifest:
         if not Path(m).exists():
             raise SystemExit(f"asr-eval: {m}: manifest not found")
-    if args.lm and args.method not in (None, "ctc_beam", "joint", "combine"):
+    if args.lm and args.methods and not {"ctc_beam", "joint", "combine"} & set(args.methods):
         raise SystemExit("asr-eval: --lm is used by --method ctc_beam, joint or combine only")
     if args.lm and not Path(args.lm).exists():
         raise SystemExit(f"asr-eval: --lm {args.lm}: file not found (train one with asr-lm)")

@@ -240,6 +240,41 @@ def test_run_dir_jobs_spread_the_epochs_over_processes_with_the_serial_results(c
     assert len({tuple(h["hyp"] for h in r["hypotheses"]) for r in results[1].values()}) > 1   # the epochs differ
 
 
+def test_run_dir_method_list_reads_one_encoding_per_utterance_for_every_method(corpus, monkeypatch):
+    """asr-eval --run-dir --method joint,ctc (stage 3's per-epoch curves): the same results as one method per call,
+    with the encoder run once per batch, not once per method; the first method leads the summary."""
+    import asr.decode
+    from asr.evaluate import main
+    calls = []
+    real_encode = asr.decode.encode
+    monkeypatch.setattr(asr.decode, "encode", lambda *a, **k: calls.append(1) or real_encode(*a, **k))
+    runs = {}
+    for name, method_args in (("together", [["joint,ctc"]]), ("apart", [["joint"], ["ctc"]])):
+        run = corpus / f"run_{name}"
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "checkpoints" / "epoch000.pt").write_bytes((corpus / "ctc.pt").read_bytes())
+        calls.clear()
+        for m in method_args:
+            assert main(["--run-dir", str(run), "--manifest", str(corpus / "test.jsonl"), "--method", *m,
+                         "--threads", "1"]) == 0
+        runs[name] = (len(calls), {f.name: [h["hyp"] for h in json.loads(f.read_text())["hypotheses"]]
+                                   for f in sorted((run / "eval").glob("*.json"))})
+        assert list(json.loads((run / "wer_per_epoch.json").read_text()))[0] == "test.joint"
+    (n_together, together), (n_apart, apart) = runs["together"], runs["apart"]
+    assert together == apart and set(together) == {"test.joint.epoch000.json", "test.ctc.epoch000.json"}
+    assert n_together > 0 and n_apart == 2 * n_together
+
+
+def test_method_list_is_for_run_dir_and_names_what_is_wrong(corpus, capsys):
+    from asr.evaluate import main
+    for argv, says in ((["--checkpoint", str(corpus / "ctc.pt"), "--method", "joint,ctc"], "more than one method"),
+                       (["--run-dir", str(corpus), "--method", "joint,beam"], "unknown method 'beam'"),
+                       (["--run-dir", str(corpus), "--method", "ctc,ctc"], "names a method twice")):
+        with pytest.raises(SystemExit):
+            main([*argv, "--manifest", str(corpus / "test.jsonl")])
+        assert says in capsys.readouterr().err
+
+
 def test_run_dir_jobs_refuses_watch(corpus):
     from asr.evaluate import main
     with pytest.raises(SystemExit):

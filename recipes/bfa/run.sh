@@ -136,19 +136,16 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   cores=$(nproc 2>/dev/null || echo 1)
   # A model with a phone CTC head (model.phone_ctc_weight > 0) is read by the lexicon decoder first: its phones
   # searched over the lexicon's words with the word 4-gram (20 ms per utterance, and the best method measured).
-  phone_head=$(python -c 'import sys; from asr.checkpoint import TrainingCheckpoint as T
-print(int(T.load(sys.argv[1]).model_config.get("phone_ctc_weight", 0) > 0))' "$exp/checkpoints/last.pt")
+  read -r phone_head ctc_head < <(python -c 'import sys; from asr.checkpoint import TrainingCheckpoint as T
+c = T.load(sys.argv[1]).model_config; print(int(c.get("phone_ctc_weight", 0) > 0), int(c.get("ctc_weight", 0) > 0))' \
+    "$exp/checkpoints/last.pt")
   # The epochs are spread over one process per core (--jobs): a beam search is a chain of small steps. The curves
   # decode each utterance once (--warps ''); the final decodes below average decode.warps' encodings (cpu-small: 5).
-  if [ "$phone_head" = 1 ]; then
-    asr-eval --run-dir "$exp" "${manifests[@]}" --method lexicon ${eval_limit:+--limit "$eval_limit"} --jobs "$cores" \
-      --warps ''
-  else
-    asr-eval --run-dir "$exp" "${manifests[@]}" --method joint ${eval_limit:+--limit "$eval_limit"} --jobs "$cores" \
-      --warps ''
-  fi
-  asr-eval --run-dir "$exp" "${manifests[@]}" --method ctc ${eval_limit:+--limit "$eval_limit"} --jobs "$cores" \
-    --warps '' || log "CTC best path skipped (see the message above)"
+  # One call for both curves: each epoch's encodings of a set serve both methods.
+  methods=joint; [ "$phone_head" = 1 ] && methods=lexicon
+  [ "$ctc_head" = 1 ] && methods+=,ctc
+  asr-eval --run-dir "$exp" "${manifests[@]}" --method "$methods" ${eval_limit:+--limit "$eval_limit"} --jobs "$cores" \
+    --warps ''
   # The last checkpoint with the LM fused into the joint search (RUN/final_<set>.json): the CTC weight, LM weight
   # and length bonus chosen by WER on the first 100 dev utterances (--tune-on; the LM only if it helps there;
   # --lm-weight W fixes the LM weight), then both test sets decoded with them, side by side.
