@@ -374,6 +374,7 @@ class Trainer:
                 self.log({"event": "budget", "message": f"stopping before epoch {state.epoch}: "
                           f"{state.step} of train.max_steps={max_steps} taken"})
                 break
+            self.note_unbuilt_rooms(state.epoch)
             t0 = time.time()
             counts = self.train_epoch(state)
             train_s = state.train_s if self.elastic else time.time() - t0
@@ -382,6 +383,20 @@ class Trainer:
             dev = self.evaluate() if last or (state.epoch + 1) % self.cfg.train.dev_every == 0 else {}
             self.finish_epoch(state, counts, dev, train_s, time.time() - t_eval, t0)
         return 0
+
+    def note_unbuilt_rooms(self, epoch: int) -> None:
+        """Log the simulated rooms this epoch draws that nobody built ahead: the loader workers build them while the
+        trainers wait (7-10 s an epoch on the demo; e.g. epochs past run.sh's --room-epochs, or another
+        train.seed than stage 1's)."""
+        aug = self.train_set.augmenter
+        if self.rank != 0 or aug is None or not aug.config.rir_cache or aug.config.sim_prob * aug.strength(epoch) <= 0:
+            return
+        missing = aug.pool.unbuilt(epoch)
+        if missing:
+            self.log({"event": "note", "message": f"epoch {epoch}: {missing} of its {aug.pool.size} simulated rooms "
+                      f"are not in {aug.config.rir_cache}, so the loader workers build them while the trainers wait; "
+                      f"asr-prep rooms --config CONFIG --epochs {epoch + 1} with this run's overrides (run.sh: "
+                      f"--room-epochs {epoch + 1}) builds them ahead"})
 
     def train_epoch(self, state) -> dict:
         """One epoch of training steps (elastic: from the committed position); returns the epoch's

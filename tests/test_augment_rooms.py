@@ -170,8 +170,12 @@ def test_prebuild_rooms_builds_what_the_epochs_draw_once(tmp_path):
     pool = RIRPool(size=4, seed=3, refresh_every=1, refresh_fraction=0.25, spec=spec, cache_dir=tmp_path)
     todo = pool.rooms_for_epochs(3)
     assert len(todo) == 4 + 2 * 1 and todo[:4] == [(s, 0) for s in range(4)] and todo[4:] == [(0, 1), (1, 2)]
+    assert [pool.unbuilt(e) for e in range(4)] == [4, 4, 4, 4] and RIRPool(size=4, spec=spec).unbuilt(0) == 0
     first = prebuild_rooms(pool, 3, jobs=1)
     assert (first["rooms"], first["built"], first["cached"]) == (6, 6, 0)
+    assert [pool.unbuilt(e) for e in range(4)] == [0, 0, 0, 1]     # epoch 3 renews slot 2: not built ahead
+    other_seed = RIRPool(size=4, seed=4, refresh_every=1, refresh_fraction=0.25, spec=spec, cache_dir=tmp_path)
+    assert other_seed.unbuilt(0) == 4                               # another train.seed: other rooms
     assert len(list(tmp_path.glob("room-*.pt"))) == 6
     assert prebuild_rooms(pool, 3, jobs=1)["built"] == 0
     trainer = RIRPool(size=4, seed=3, refresh_every=1, refresh_fraction=0.25, spec=spec, cache_dir=tmp_path)

@@ -239,6 +239,10 @@ def test_train_under_horovodrun_with_compression_and_pipelining(corpus, tmp_path
     assert (run / "checkpoints" / "epoch001.pt").exists() and (run / "DONE").exists()
     # Both ranks' loader workers share the simulated rooms through rir_cache/ next to the training manifest.
     assert list((corpus / "rir_cache").glob("room-*.pt"))
+    # Nothing built them ahead (asr-prep rooms): the log says so, epoch by epoch (epoch 1 renews one of 4 slots).
+    notes = [r["message"] for r in recs if r["event"] == "note" and "simulated rooms" in r["message"]]
+    assert notes[0].startswith("epoch 0: 4 of its 4 simulated rooms are not in ") and "--room-epochs 1" in notes[0]
+    assert notes[1].startswith("epoch 1: 1 of its 4 ") and len(notes) == 2
 
 
 def test_cycle_time_from_the_config_unless_the_launcher_set_one(monkeypatch):

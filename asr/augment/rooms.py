@@ -288,6 +288,13 @@ class RIRPool:
             self.get(slot, epoch)
         return time.perf_counter() - t0
 
+    def unbuilt(self, epoch: int) -> int:
+        """How many of ``epoch``'s rooms are not in the on-disk cache (0 without one): the rooms a loader worker
+        would build mid-epoch while the trainers wait (the trainer logs it; asr-prep rooms builds them ahead)."""
+        if self.cache_dir is None:
+            return 0
+        return sum(not self.cache_path(slot, self.version(slot, epoch)).exists() for slot in range(self.size))
+
     def rooms_for_epochs(self, epochs: int) -> list[tuple[int, int]]:
         """``(slot, epoch)`` for every distinct room that epochs ``0 .. epochs-1`` use, each with the first epoch
         that needs it: what :func:`prebuild_rooms` builds ahead of training."""
