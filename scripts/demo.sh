@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: the BFA recipe end to end on a 2-core machine in under 15 minutes.
-#   stage 0  synthesize 4,000 training utterances (3.0 h of speech, 123 voices) and 250 dev and 250 test
+#   stage 0  synthesize 6,000 training utterances (4.5 h of speech, 123 voices) and 250 dev and 250 test
 #            utterances (unseen voices), and the far-field test set
 #   stage 1  sentencepiece word pieces, the pronunciation lexicon (espeak-ng) and a word 4-gram (KenLM), feature
 #            statistics, the simulated rooms of the first 12 epochs (built on
@@ -10,8 +10,8 @@
 #            minutes on one host a gradient applied a step late costs more than the little it hides: 59.5
 #            against 61.8% clean at 1,800 equal steps, RESULTS.md 2026-12-03), VTLP, speed perturbation
 #            and the room simulator on CPU loader workers (from epoch 1),
-#            what is left of 885 s after stages 0-1 and what stage 3 will take, between 2 and 6 minutes (5.6
-#            on the host of 2026-12-06); CTC dev WER after every epoch
+#            what is left of 885 s after stages 0-1 and 240 s for stage 3, between 2 and 6 minutes (4.7 on
+#            the host of 2026-12-06); CTC dev WER after every epoch
 #   stage 3  WER of every epoch on the clean and far-field test sets (the phone head over the lexicon with the
 #            4-gram, and CTC best path, one process per core), JSON and a plot; the last epoch again, each decode's
 #            weights chosen on 100 dev utterances: the lexicon decoder (its 10-best rescored by the word-piece heads
@@ -41,18 +41,16 @@ T0=$(date +%s)
 exp=exp/demo                    # where stage 2-3 write; an --exp among the extra arguments overrides it
 args=("$@")
 for ((i = 0; i + 1 < ${#args[@]}; i++)); do [ "${args[i]}" = --exp ] && exp=${args[i+1]}; done
-common=(--conf recipes/bfa/conf/cpu-small.yaml --size small --limit 2500 --train 4000 --vocab 300 --workers 2
+common=(--conf recipes/bfa/conf/cpu-small.yaml --size small --limit 2500 --train 6000 --vocab 300 --workers 2
         --exp exp/demo --lm-extra 20000 --lm-minutes 1 --room-epochs 12 --eval-limit 100 --lexicon-tune-limit 100)
 overrides=(train.pipeline=false train.cycle_time_ms=2 decode.beam=1 data.dev_subset=100)
 bash recipes/bfa/run.sh "${common[@]}" "$@" --stop-stage 1
-# The training budget: DEMO_MINUTES where set; else what is left of 885 s once stages 0-1 are done and stage 3 and
-# the trainers' start and stop are provided for, between 2 and 6 minutes. Those took 202 s on the host of
-# 2026-12-06 (seventeenth session), whose stages 0-1 took 311 s (251 without the LM's fixed minute); 240 s are kept
-# there, scaled up on a host whose stages 0-1 are slower: 5.6 training minutes there, about 3 where stages 0-1 take
-# 400 s.
+# The training budget: DEMO_MINUTES where set; else what is left of 885 s once stages 0-1 are done, less 240 s kept
+# for stage 3 and the trainers' start and stop, between 2 and 6 minutes. On the host of 2026-12-06 (seventeenth
+# session) stages 0-1 took 361 s, so 4.7 training minutes, and stage 3 with the start and stop 173 s: 240 s leave
+# room for a host a third slower.
 used=$(( $(date +%s) - T0 ))
-minutes=${DEMO_MINUTES:-$(python3 -c 'import sys; used = int(sys.argv[1]); reserve = 240 * max(1.0, (used - 60) / 251)
-print(f"{min(6.0, max(2.0, (885 - used - reserve) / 60)):.2f}")' "$used")}
+minutes=${DEMO_MINUTES:-$(python3 -c 'import sys; print(f"{min(6.0, max(2.0, (885 - int(sys.argv[1]) - 240) / 60)):.2f}")' "$used")}
 echo "[demo] stages 0-1 done after $used s; training budget $minutes minutes${DEMO_MINUTES:+ (DEMO_MINUTES)}"
 bash recipes/bfa/run.sh "${common[@]}" --stage 2 "$@" -- train.max_minutes="$minutes" "${overrides[@]}"
 if [ -f "$exp/wer_per_epoch.json" ] && [ "$(stat -c %Y "$exp/wer_per_epoch.json")" -ge "$T0" ]; then
