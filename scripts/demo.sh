@@ -32,6 +32,9 @@
 # settings (asr.decode's memo) took 21 s off stage 3 again, and 5 training minutes another 30 s.
 # The decoder with nothing fed back (cpu-small since 2026-12-06): 905 s with 5 training minutes, 1,020 steps, 33.3%
 # clean combined; so 4.8 (the budget ends training: about 12 s less; not yet run).
+# More training utterances (seventeenth session, RESULTS.md): 2,000 memorized in 18 epochs, the curves flat and
+# rising late; 4,000 against 2,000 over two seeds at 4.8 minutes: combined 31.1 / 54.0% against 33.3 / 55.6%; then
+# 6,000 with the budget from the clock: 818 s, 4.73 training minutes, 30.8 / 55.5% (4,000: 847 s, 31.5 / 57.2%).
 # Extra arguments go to recipes/bfa/run.sh as options (e.g. --stage 2); DEMO_MINUTES=15 trains longer (the
 # training budget; cpu-small's learning rate follows a cosine to the budget's end).
 set -euo pipefail
