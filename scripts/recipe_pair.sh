@@ -9,9 +9,10 @@
 # OVERRIDES are asr.train's key=value settings, separated by spaces (so no space inside a value: [0.9,1.1]).
 # SEEDS='0 1' runs every arm once per training seed (train.seed), seed by seed: the same run repeated a day apart
 # moved by up to 2 points far-field and 1 clean (recipes/bfa/RESULTS.md, nineteenth session), so one pair does not
-# separate a change smaller than that, and a second seed shows the spread. For a seed other than the corpus's, the
-# rooms of its first --room-epochs epochs are built first (asr-prep rooms, as run.sh's stage 1 does for the
-# corpus's seed), so that no arm's trainers wait for rooms.
+# separate a change smaller than that, and a second seed shows the spread. For a seed other than the corpus's, or
+# an arm that overrides augment.* settings, the rooms of its first --room-epochs epochs are built first with its
+# overrides (asr-prep rooms, as run.sh's stage 1 does for the corpus's seed; rooms already built are kept), so that
+# no arm's trainers wait for rooms.
 # CORPUS_ARGS (default '--size small --train 20000 --vocab 1000', the 60-minute benchmark's corpus) are run.sh's
 # corpus options, and --conf / --room-epochs where they differ from run.sh's; build that corpus first with
 # `recipes/bfa/run.sh --stage 0 --stop-stage 1 $CORPUS_ARGS`.
@@ -38,14 +39,15 @@ done
 seeds=(${SEEDS:-})
 runs=()
 for s in "${seeds[@]:-}"; do
-  if [ -n "$s" ] && [ "$s" != "$seed" ] && [ "$room_epochs" -gt 0 ]; then
-    echo "[recipe_pair] $(date +%T) rooms of seed $s, epochs 0-$((room_epochs - 1))"
-    asr-prep rooms --config "$conf" --epochs "$room_epochs" data.train="$C/train.jsonl" train.seed="$s"
-  fi
   for i in "${!names[@]}"; do
     run=exp/pair_${names[i]}${s:+_s$s}
     read -r -a extra <<< "${arm_overrides[i]}"
     [ -z "$s" ] || extra+=(train.seed="$s")
+    if [ "$room_epochs" -gt 0 ] && { [ "${s:-$seed}" != "$seed" ] || [[ " ${extra[*]} " == *" augment."* ]]; }; then
+      echo "[recipe_pair] $(date +%T) rooms of epochs 0-$((room_epochs - 1)) for $run (its seed or augment settings)"
+      asr-prep rooms --config "$conf" --epochs "$room_epochs" data.train="$C/train.jsonl" train.seed="${s:-$seed}" \
+        "${extra[@]}"
+    fi
     echo "[recipe_pair] $(date +%T) training ${names[i]}${s:+ (seed $s)} for $MIN minutes -> $run"
     bash recipes/bfa/run.sh --stage 2 --stop-stage 2 "${corpus_args[@]}" --exp "$run" -- \
       train.max_minutes="$MIN" "${extra[@]}" > "$run.train.log" 2>&1 || {
