@@ -4,12 +4,14 @@
 worker script, which reports with :func:`tests.workers.common.emit`; it returns every rank's
 report. When the job fails, times out or a rank reports nothing, the assertion message holds
 every rank's stdout and stderr (from horovodrun's ``--output-filename``), so the failing rank
-is visible without re-running.
+is visible without re-running. The job's folder (logs, reports) is removed when the job passes and kept, named in
+the message, when it fails: a test run leaves nothing in /tmp but what explains a failure.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,9 +52,12 @@ def run_horovod(script: str, np: int = 2, args=(), timeout: float = 300, env: di
     try:
         proc = subprocess.run(cmd, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"horovodrun timed out after {timeout} s: {' '.join(cmd)}\n{rank_logs()}") from e
+        raise AssertionError(f"horovodrun timed out after {timeout} s: {' '.join(cmd)}\n"
+                             f"(job folder kept: {out})\n{rank_logs()}") from e
     if expect_failure:
-        return proc, rank_logs()
+        result = proc, rank_logs()
+        shutil.rmtree(out, ignore_errors=True)
+        return result
     reports = []
     for r in range(np):
         f = out / f"rank{r}.json"
@@ -61,6 +66,7 @@ def run_horovod(script: str, np: int = 2, args=(), timeout: float = 300, env: di
         missing = [r for r, rep in enumerate(reports) if rep is None]
         raise AssertionError(
             f"horovodrun exited with {proc.returncode}; ranks without a report: {missing}\n"
-            f"command: {' '.join(cmd)}\n----- horovodrun -----\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n"
-            f"{rank_logs()}")
+            f"command: {' '.join(cmd)}\n(job folder kept: {out})\n"
+            f"----- horovodrun -----\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{rank_logs()}")
+    shutil.rmtree(out, ignore_errors=True)
     return reports

@@ -1,4 +1,8 @@
 """Issue 2: a real Horovod job across 2 and 4 processes (Gloo on localhost)."""
+import re
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from tests.horovod_harness import run_horovod
@@ -21,3 +25,16 @@ def test_harness_shows_every_rank_on_failure(tmp_path):
     assert proc.returncode != 0
     assert "rank 1 stderr" in logs and "deliberate failure on rank 1" in logs
     assert "rank 0 stdout" in logs
+
+
+@pytest.mark.horovod
+def test_harness_removes_a_passing_jobs_folder_and_keeps_a_failing_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    run_horovod("workers/smoke.py", np=2)
+    assert not list(tmp_path.glob("hx-test-*")), "a passing job left its folder behind"
+    with pytest.raises(AssertionError) as failed:
+        run_horovod("workers/fail_on_rank1.py", np=2, timeout=120)
+    kept = re.search(r"job folder kept: (\S+)\)", str(failed.value))
+    assert kept, failed.value
+    folder = Path(kept.group(1))
+    assert folder.parent == tmp_path and (folder / "logs" / "rank.1" / "stderr").is_file()
