@@ -65,11 +65,9 @@ rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
 [ $rc -eq 0 ] || { echo "$0: a stage 3 failed (see exp/pair_*.stage3.log)" >&2; exit 1; }
 echo "[recipe_pair] $(date +%T) done; combined decode, clean / far-field WER:"
-for run in "${runs[@]}"; do
-  python - "$run" <<'PY'
+python - "${runs[@]}" <<'PY'
 import json, sys
-run = sys.argv[1]
-wer = [json.load(open(f"{run}/final_combine_{s}.json"))["wer"] for s in ("test", "test_far")]
-print(f"  {run}: {100 * wer[0]:.2f} / {100 * wer[1]:.2f}")
+for run in sys.argv[1:]:
+    wer = [json.load(open(f"{run}/final_combine_{s}.json"))["wer"] for s in ("test", "test_far")]
+    print(f"  {run}: {100 * wer[0]:.2f} / {100 * wer[1]:.2f}")
 PY
-done
