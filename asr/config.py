@@ -79,7 +79,10 @@ class TrainConfig:
                                         # an exact average every k steps]; compression must be none
     comm_warmup_steps: int = 0          # first steps reduce plain fp32, synchronously (no codec, no pipeline)
     backward_passes_per_step: int = 1
-    amp: str = "none"                   # none | bf16 | fp16 (autocast on GPU hosts)
+    amp: str = "none"                   # none | bf16 | fp16: autocast on GPU hosts; bf16 also on a CPU with native bf16
+                                        # (AVX512-BF16 or AMX; otherwise a note and fp32)
+    pad_frames: int = 1                 # each training batch's frames padded up to a multiple of this: fewer distinct
+                                        # shapes, so oneDNN's bf16 LSTM kernels are built once, not per batch
     nonfinite: str = "skip"             # a NaN/Inf averaged gradient: every worker skips the step (logged) or raises
     seed: int = 0
     loader_workers: int = 1             # DataLoader worker processes per trainer (augmentation runs there)
@@ -107,6 +110,9 @@ class TrainConfig:
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"train.ema_decay: expected a decay per step in [0, 1) (0: off; e.g. 0.99), "
                               f"got {self.ema_decay}")
+        if self.pad_frames < 1:
+            raise ConfigError(f"train.pad_frames: expected a frame count >= 1 (1: no padding; e.g. 16), "
+                              f"got {self.pad_frames}")
         if self.gossip:
             self._check_gossip()
         if not self.slowmo:

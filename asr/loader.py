@@ -237,9 +237,15 @@ def pad_ids(seqs) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lengths
 
 
-def collate(batch, lexicon=None) -> Batch:
+def collate(batch, lexicon=None, pad_frames: int = 1) -> Batch:
     """Drop SkippedItems, pad features with 0 and tokens with -1: a :class:`Batch`. With a ``lexicon``
-    (asr.data.lexicon.Lexicon; bind it with functools.partial) the batch also holds each transcript's phones."""
+    (asr.data.lexicon.Lexicon; bind it with functools.partial) the batch also holds each transcript's phones.
+
+    ``pad_frames``: the batch's frames are padded up to a multiple of it (``flen`` keeps each utterance's own
+    length, so the model's masks see no difference). Fewer distinct batch shapes let oneDNN reuse the kernels it
+    builds per shape, which bf16 LSTMs on the CPU pay for at every new one (``train.pad_frames``)."""
+    if pad_frames < 1:
+        raise ValueError(f"pad_frames must be >= 1, got {pad_frames}")
     skipped = [(b.utt_id, b.reason) for b in batch if isinstance(b, SkippedItem)]
     batch = [b for b in batch if not isinstance(b, SkippedItem)]
     if not batch:
@@ -249,7 +255,8 @@ def collate(batch, lexicon=None) -> Batch:
                      [], skipped, *phones)
     ids, feats, toks, texts = zip(*batch)
     flen = torch.tensor([f.shape[-2] for f in feats], dtype=torch.long)
-    F = torch.zeros(len(batch), *feats[0].shape[:-2], int(flen.max()), feats[0].shape[-1])
+    frames = -(-int(flen.max()) // pad_frames) * pad_frames
+    F = torch.zeros(len(batch), *feats[0].shape[:-2], frames, feats[0].shape[-1])
     for i, f in enumerate(feats):
         F[i, ..., :f.shape[-2], :] = f
     T, tlen = pad_ids(toks)
