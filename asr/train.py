@@ -292,6 +292,8 @@ class Trainer:
                   **({"predict_weights": True} if cfg.train.predict_weights and cfg.train.pipeline else {}),
                   "peak_lr": cfg.train.lr * self.hvd.size(), "cores": self.cores,
                   **({"flush_denormal": True} if self.flush_denormal else {}),
+                  **({"amp": cfg.train.amp} if self.amp_dtype is not None else {}),
+                  **({"pad_frames": cfg.train.pad_frames} if cfg.train.pad_frames > 1 else {}),
                   "cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME") or 1.0),   # what hvd.init() read
                   "config": cfg.to_dict(),
                   **({"elastic": True, "commit_every": cfg.train.commit_every} if self.elastic else {})})

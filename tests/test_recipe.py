@@ -223,13 +223,18 @@ def test_train_under_horovodrun_with_compression_and_pipelining(corpus, tmp_path
     run = tmp_path / "hvd"
     train(overrides(corpus, run, train="train.jsonl", train__epochs=2, train__batch_seconds=8,
                     train__compression="global_qsgd8", train__pipeline="true", augment__enabled="true",
-                    augment__pool_size=4, train__loader_workers=1, data__dev_subset=4, train__cycle_time_ms=7),
+                    augment__pool_size=4, train__loader_workers=1, data__dev_subset=4, train__cycle_time_ms=7,
+                    train__amp="bf16", train__pad_frames=16),
           np_=2)
     recs = log_records(run)
     start = next(r for r in recs if r["event"] == "start")
     assert start["workers"] == 2 and start["compression"] == "global_qsgd8" and start["pipeline"]
     assert start["cycle_time_ms"] == 7.0        # train.cycle_time_ms reached hvd.init() on the workers
     assert start["flush_denormal"]              # train.flush_denormal (default on) took effect on the CPU
+    assert start["pad_frames"] == 16
+    from asr.train import cpu_has_native_bf16   # bf16 autocast where the CPU runs bf16 natively, else a note and fp32
+    amp_notes = [r["message"] for r in recs if r["event"] == "note" and r["message"].startswith("train.amp=bf16")]
+    assert (start.get("amp"), len(amp_notes)) == (("bf16", 0) if cpu_has_native_bf16() else (None, 1))
     epochs = [r for r in recs if r["event"] == "epoch"]
     assert len(epochs) == 2 and epochs[1]["train_loss"] < epochs[0]["train_loss"]
     # The communication and loader waits are each epoch's own share, within that epoch's training time.
