@@ -162,7 +162,8 @@ def test_resume_gives_the_same_next_loss(corpus, tmp_path):
     assert part_steps == full_steps                            # and every one after it
 
 
-@pytest.mark.parametrize("codec", ["none", "global_qsgd8+pipe", "global_qsgd8+pipe+pred", "slowmo2", "gossip-exp"])
+@pytest.mark.parametrize("codec", ["none", "global_qsgd8+pipe", "global_qsgd8+pipe+pred", "global_qsgd8+pipe+pred+bf16",
+                                   "slowmo2", "gossip-exp"])
 def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corpus, tmp_path, codec):
     """Issue 14: a 2-worker --resume used to hang. Now the steps after resuming from an epoch
     checkpoint have exactly the losses of the uninterrupted run (fusion off: Horovod's sums are then
@@ -172,7 +173,9 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     average, which the checkpoint holds. Issue 15: the same pipelined with weight prediction (the
     checkpoint holds the true weights, not the predicted ones), with dropout and a persistent loader
     worker, whose start used to draw from the RNG that dropout uses, so resumed dropout masks differed;
-    and with the EMA of the weights (train.ema_decay), which goes on from the checkpoint to the same bits."""
+    and with the EMA of the weights (train.ema_decay), which goes on from the checkpoint to the same bits. And the same
+    under bf16 autocast with batches padded to 16 frames (train.amp=bf16, train.pad_frames=16; fp32 on a CPU without
+    native bf16)."""
     rows = [json.loads(x) for x in (corpus / "train.jsonl").read_text().splitlines()]
     (corpus / "corrupt.flac").write_bytes(b"fLaC" + bytes(200))
     rows[3] = dict(rows[3], audio_filepath="corrupt.flac")
@@ -180,16 +183,18 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     full, part = tmp_path / "full", tmp_path / "part"
     averaging = codec.split("-")[0].rstrip("0123456789") if codec.startswith(("slowmo", "gossip")) else None
     extra = dict(train__batch_seconds=20, data__dev_subset=2, train__compression="none" if averaging else codec.split("+")[0],
-                 train__pipeline=str("+pipe" in codec).lower(), train__predict_weights=str(codec.endswith("+pred")).lower(),
+                 train__pipeline=str("+pipe" in codec).lower(), train__predict_weights=str("+pred" in codec).lower(),
                  **({f"train__{averaging}": codec} if averaging else {}))
-    if codec.endswith("+pred"):     # as the recipe trains: dropout, a persistent loader worker, cpu-small's decoder
+    if "+pred" in codec:            # as the recipe trains: dropout, a persistent loader worker, cpu-small's decoder
         extra.update(model__dropout=0.1, train__loader_workers=1, train__ema_decay=0.9, model__attention="additive",
                      model__dec_input_feeding="false")
+    if codec.endswith("+bf16"):
+        extra.update(train__amp="bf16", train__pad_frames=16)
     env = {"HOROVOD_FUSION_THRESHOLD": "0"}
     proc = train(overrides(corpus, full, train="train_bad.jsonl", train__epochs=2, **extra), np_=2, env=env)
     assert "corrupt.flac" in proc.stdout + proc.stderr        # the skip names the file
     start = next(r for r in log_records(full) if r["event"] == "start")
-    assert start["pipeline"] == ("+pipe" in codec) and start.get("predict_weights", False) == codec.endswith("+pred")
+    assert start["pipeline"] == ("+pipe" in codec) and start.get("predict_weights", False) == ("+pred" in codec)
     epochs = [r for r in log_records(full) if r["event"] == "epoch"]
     # Once per epoch in which its batch is dealt (the batches that do not divide evenly are dropped).
     skipped = [e["skipped_utterances"] for e in epochs]
@@ -204,7 +209,7 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     steps = lambda run: [(r["step"], r["loss"]) for r in log_records(run) if r["event"] == "step"]
     after = [s for s in steps(full) if s[0] > resume["step"]]
     assert after and steps(part) == after
-    if codec.endswith("+pred"):     # the decoded weights (the EMA) and the trained ones, bit for bit
+    if "+pred" in codec:            # the decoded weights (the EMA) and the trained ones, bit for bit
         from asr.checkpoint import TrainingCheckpoint
         a, b = (TrainingCheckpoint.load(r / "checkpoints" / "last.pt") for r in (full, part))
         assert a.train_model is not None and a.ema_updates == b.ema_updates == a.step
