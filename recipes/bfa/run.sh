@@ -17,7 +17,7 @@
 # Usage: recipes/bfa/run.sh [--stage N] [--stop-stage N] [--conf recipes/bfa/conf/cpu-small.yaml]
 #          [--size tiny|small|full] [--train N] [--limit N] [--workers 2] [--hosts localhost:2] [--network-interface IFACE]
 #          [--exp exp/NAME]
-#          [--vocab 500] [--seed 0] [--room-epochs 20] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight W (default: decode.joint_lm_weight)]
+#          [--vocab 500] [--seed 0] [--room-epochs 28] [--lm-extra 60000] [--lm-minutes 8] [--lm-weight W (default: decode.joint_lm_weight)]
 #          [--eval-limit N (stage 3: the per-epoch curves on the first N utterances of each test set)]
 #          [--average N (stage 3: also decode the mean of the last N epoch checkpoints with the LM)]
 #          [--lexicon-tune-limit N (stage 3: the lexicon decoder's weights chosen on the first N dev utterances; 500)]
@@ -38,7 +38,7 @@ PATH="$VENV/bin:$PATH"
 
 stage=0; stop_stage=3; conf=$ROOT/recipes/bfa/conf/cpu-small.yaml; size=small; limit=""
 train=""; workers=2; hosts=""; iface=""; exp=""; vocab=500; seed=0; overrides=(); elastic=""; discovery=""; cooldown=""
-room_epochs=20; lm_extra=60000; lm_minutes=8; lm_weight=""; eval_limit=""; average=0; lexicon_tune_limit=500
+room_epochs=28; lm_extra=60000; lm_minutes=8; lm_weight=""; eval_limit=""; average=0; lexicon_tune_limit=500
 while [ $# -gt 0 ]; do
   case "$1" in
     --stage) stage=$2; shift 2 ;;

@@ -3,7 +3,7 @@
 # them (exp/corpus_<size>[_<limit>][_train<N>]_seed<S>; run.sh has no option that prints it, so a change there must
 # be made here too: a missing folder stops the callers with an error that names it).
 read -r -a corpus_args <<< "${CORPUS_ARGS:-$1}"
-size=small; limit=""; train=""; seed=0; conf=$ROOT/recipes/bfa/conf/cpu-small.yaml; room_epochs=20
+size=small; limit=""; train=""; seed=0; conf=$ROOT/recipes/bfa/conf/cpu-small.yaml; room_epochs=28
 for ((i = 0; i + 1 < ${#corpus_args[@]}; i++)); do
   case "${corpus_args[i]}" in
     --size) size=${corpus_args[i + 1]} ;; --limit) limit=${corpus_args[i + 1]} ;;
