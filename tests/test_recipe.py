@@ -182,10 +182,11 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     (corpus / "train_bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     full, part = tmp_path / "full", tmp_path / "part"
     averaging = codec.split("-")[0].rstrip("0123456789") if codec.startswith(("slowmo", "gossip")) else None
+    pipe, pred = "+pipe" in codec, "+pred" in codec
     extra = dict(train__batch_seconds=20, data__dev_subset=2, train__compression="none" if averaging else codec.split("+")[0],
-                 train__pipeline=str("+pipe" in codec).lower(), train__predict_weights=str("+pred" in codec).lower(),
+                 train__pipeline=str(pipe).lower(), train__predict_weights=str(pred).lower(),
                  **({f"train__{averaging}": codec} if averaging else {}))
-    if "+pred" in codec:            # as the recipe trains: dropout, a persistent loader worker, cpu-small's decoder
+    if pred:                        # as the recipe trains: dropout, a persistent loader worker, cpu-small's decoder
         extra.update(model__dropout=0.1, train__loader_workers=1, train__ema_decay=0.9, model__attention="additive",
                      model__dec_input_feeding="false")
     if codec.endswith("+bf16"):
@@ -194,7 +195,7 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     proc = train(overrides(corpus, full, train="train_bad.jsonl", train__epochs=2, **extra), np_=2, env=env)
     assert "corrupt.flac" in proc.stdout + proc.stderr        # the skip names the file
     start = next(r for r in log_records(full) if r["event"] == "start")
-    assert start["pipeline"] == ("+pipe" in codec) and start.get("predict_weights", False) == ("+pred" in codec)
+    assert start["pipeline"] == pipe and start.get("predict_weights", False) == pred
     epochs = [r for r in log_records(full) if r["event"] == "epoch"]
     # Once per epoch in which its batch is dealt (the batches that do not divide evenly are dropped).
     skipped = [e["skipped_utterances"] for e in epochs]
@@ -209,7 +210,7 @@ def test_resume_under_horovodrun_gives_the_same_losses_and_skips_a_bad_file(corp
     steps = lambda run: [(r["step"], r["loss"]) for r in log_records(run) if r["event"] == "step"]
     after = [s for s in steps(full) if s[0] > resume["step"]]
     assert after and steps(part) == after
-    if "+pred" in codec:            # the decoded weights (the EMA) and the trained ones, bit for bit
+    if pred:                        # the decoded weights (the EMA) and the trained ones, bit for bit
         from asr.checkpoint import TrainingCheckpoint
         a, b = (TrainingCheckpoint.load(r / "checkpoints" / "last.pt") for r in (full, part))
         assert a.train_model is not None and a.ema_updates == b.ema_updates == a.step
